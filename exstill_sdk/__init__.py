@@ -1,0 +1,51 @@
+"""Exstill SDK: talk to an Exstill draft card (or its emulator) for speculative decoding.
+
+>>> from exstill_sdk import open_card
+>>> with open_card("emu://") as card, card.open_stream("lookup") as s:
+...     s.prefill([1, 2, 3, 1, 2])
+...     draft = s.draft(4)
+"""
+
+from exstill_sdk.card import Card, CardInfo, Draft, DraftStream, open_card
+from exstill_sdk.errors import (
+    BadURLError,
+    CardFullError,
+    CardInternalError,
+    ContextFullError,
+    DeviceNotFoundError,
+    DevicePermissionError,
+    ExstillError,
+    InvalidArgumentError,
+    LinkTimeoutError,
+    ProtocolError,
+    StreamHandleError,
+    TransportError,
+    UnknownModelError,
+)
+from exstill_sdk.protocol.constants import ErrorCode, WireMode
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadURLError",
+    "Card",
+    "CardFullError",
+    "CardInfo",
+    "CardInternalError",
+    "ContextFullError",
+    "DeviceNotFoundError",
+    "DevicePermissionError",
+    "Draft",
+    "DraftStream",
+    "ErrorCode",
+    "ExstillError",
+    "InvalidArgumentError",
+    "LinkTimeoutError",
+    "ProtocolError",
+    "StreamHandleError",
+    "TransportError",
+    "UnknownModelError",
+    "WireMode",
+    "__version__",
+    "open_card",
+]

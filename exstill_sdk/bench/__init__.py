@@ -1,0 +1,1 @@
+"""Benchmarks behind ``exstill-bench``; each returns a dict of figures."""

@@ -1,0 +1,441 @@
+"""The client: ``open_card(url)`` gives a Card; a Card opens DraftStreams.
+
+One round of speculative decoding is one ``DraftStream.commit`` call: one frame out, one frame
+back. Requests from several threads are pipelined over one link: each request gets a request
+id, and whichever waiting thread holds the link's reader role dispatches replies to their
+owners by id (no reader thread, so a single-threaded caller never hands off to another thread).
+Replies whose id nobody waits for any more (late or duplicate) are counted and dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import NamedTuple
+from zlib import crc32
+
+from exstill_sdk.errors import (
+    ExstillError,
+    InvalidArgumentError,
+    LinkTimeoutError,
+    ProtocolError,
+    UnknownModelError,
+    error_for_code,
+)
+from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol.constants import (
+    CRC_SIZE,
+    FRAME_OVERHEAD,
+    HEADER_SIZE,
+    PROTOCOL_VERSION,
+    RESPONSE_BIT,
+    DraftFlags,
+    Features,
+    ModelKind,
+    Opcode,
+    WireMode,
+)
+from exstill_sdk.protocol.frame import CRC, HEADER, seal
+from exstill_sdk.transport import TracingTransport, Transport, open_transport
+
+COMMIT_FRAME = struct.Struct("<BBHIHBBI")
+DRAFT_FRAME = struct.Struct("<BBHIHB")
+_DRAFT_HEAD = m.DRAFT_REPLY_HEAD
+_TOKENS = m.TOKENS
+_HAS_DIST = int(DraftFlags.HAS_DIST)
+_HIT = int(DraftFlags.PREFETCH_HIT)
+DEFAULT_TIMEOUT = 5.0
+
+
+class Draft(NamedTuple):
+    """The card's proposal for the next tokens of a stream."""
+
+    tokens: tuple[int, ...]
+    prefetch_hit: bool = False
+    """True when the card had drafted this ahead while the host verified."""
+    dists: tuple[m.Distribution, ...] | None = None
+    """In DIST wire mode, the exact distribution each token was sampled from."""
+
+
+@dataclass(frozen=True)
+class CardInfo:
+    protocol_version: int
+    firmware: str
+    slots: int
+    context: int
+    max_k: int
+    wire_modes: tuple[WireMode, ...]
+    features: Features
+    max_payload: int
+    engines: tuple[str, ...]
+    targets: tuple[m.TargetInfo, ...]
+
+
+def _parse_draft(frame: bytes) -> Draft:
+    flags, count = _DRAFT_HEAD.unpack_from(frame, HEADER_SIZE)
+    if flags & _HAS_DIST or len(frame) != FRAME_OVERHEAD + 2 + 4 * count:
+        reply = m.decode_draft_reply(frame[HEADER_SIZE:-CRC_SIZE])
+        return Draft(reply.tokens, reply.prefetch_hit, reply.dists)
+    return Draft(_TOKENS[count].unpack_from(frame, HEADER_SIZE + 2), bool(flags & _HIT))
+
+
+class Card:
+    """A connected card. Use as a context manager, or call ``close``."""
+
+    def __init__(
+        self, transport: Transport, timeout: float = DEFAULT_TIMEOUT, client: str = "exstill-sdk"
+    ) -> None:
+        self._transport = transport
+        self.timeout = timeout
+        self._rids = itertools.count(1)
+        self._send_lock = threading.Lock()
+        self._reader = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting_threads = 0
+        self._pending: set[int] = set()
+        self._done: dict[int, bytes] = {}
+        self.dropped_replies = 0
+        """Late, duplicate or corrupt reply frames this client discarded."""
+        self._closed = False
+        try:
+            self._info = self._hello(client)
+        except BaseException:
+            transport.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        return self._transport.url
+
+    # ------------------------------------------------------------ request/reply engine
+
+    def _next_rid(self) -> int:
+        # next() on itertools.count is atomic under the GIL; 65,536 ids in flight cannot happen.
+        rid = next(self._rids) & 0xFFFF
+        self._pending.add(rid)
+        return rid
+
+    def _exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes:
+        """Send a request frame and return its checked reply frame (raises the card's error)."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        try:
+            with self._send_lock:
+                self._transport.send_frame(frame)
+            reply = self._await(rid, deadline)
+        finally:
+            self._pending.discard(rid)
+        op = reply[1]
+        if op == opcode | RESPONSE_BIT:
+            return reply
+        if op == Opcode.ERROR:
+            err = m.decode_error_reply(reply[HEADER_SIZE:-CRC_SIZE])
+            raise error_for_code(err.code, err.message)
+        raise ProtocolError(f"reply opcode 0x{op:02x} does not answer request 0x{opcode:02x}")
+
+    def _await(self, rid: int, deadline: float) -> bytes:
+        done = self._done
+        while True:
+            reply = done.pop(rid, None)
+            if reply is not None:
+                return reply
+            if self._reader.acquire(blocking=False):
+                try:
+                    return self._read_until(rid, deadline)
+                finally:
+                    self._reader.release()
+                    if self._waiting_threads:
+                        with self._cond:
+                            self._cond.notify_all()
+            with self._cond:
+                self._waiting_threads += 1
+                try:
+                    while rid not in done and self._reader.locked():
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise LinkTimeoutError(
+                                f"no reply from {self.url or 'the card'} within the timeout"
+                            )
+                        self._cond.wait(remaining)
+                finally:
+                    self._waiting_threads -= 1
+
+    def _read_until(self, rid: int, deadline: float) -> bytes:
+        """Read frames as the reader until ``rid``'s reply arrives; hand others to their owners."""
+        done = self._done
+        while True:
+            reply = done.pop(rid, None)
+            if reply is not None:
+                return reply
+            frame = self._transport.recv_frame(deadline)
+            n = len(frame)
+            if (
+                n < FRAME_OVERHEAD
+                or n != FRAME_OVERHEAD + HEADER.unpack_from(frame)[4]
+                or crc32(memoryview(frame)[: n - CRC_SIZE])
+                != CRC.unpack_from(frame, n - CRC_SIZE)[0]
+                or frame[0] != PROTOCOL_VERSION
+            ):
+                self.dropped_replies += 1
+                continue
+            got = frame[2] | frame[3] << 8
+            if got == rid:
+                return frame
+            if got in self._pending and got not in done:
+                done[got] = frame
+                if self._waiting_threads:
+                    with self._cond:
+                        self._cond.notify_all()
+            else:
+                self.dropped_replies += 1
+
+    def _request(
+        self, opcode: Opcode, payload: bytes = b"", handle: int = 0, timeout: float | None = None
+    ) -> bytes:
+        """A control request; returns the reply payload."""
+        self._check_open()
+        rid = self._next_rid()
+        try:
+            frame = seal(HEADER.pack(PROTOCOL_VERSION, opcode, rid, handle, len(payload)) + payload)
+        except struct.error:
+            self._pending.discard(rid)
+            raise InvalidArgumentError(f"stream handle {handle!r} is not a u32") from None
+        return self._exchange(frame, rid, opcode, timeout)[HEADER_SIZE:-CRC_SIZE]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ExstillError("this Card is closed; open_card() again")
+
+    # ------------------------------------------------------------ control
+
+    def _hello(self, client: str) -> CardInfo:
+        req = m.HelloRequest(PROTOCOL_VERSION, PROTOCOL_VERSION, client)
+        reply = m.decode_hello_reply(self._request(Opcode.HELLO, m.encode_hello_request(req)))
+        return CardInfo(
+            protocol_version=reply.version,
+            firmware=reply.firmware,
+            slots=reply.slots,
+            context=reply.context,
+            max_k=reply.max_k,
+            wire_modes=tuple(w for w in WireMode if reply.wire_modes >> w & 1),
+            features=Features(reply.features),
+            max_payload=reply.max_payload,
+            engines=reply.engines,
+            targets=reply.targets,
+        )
+
+    def info(self) -> CardInfo:
+        """What the card said about itself in the handshake."""
+        return self._info
+
+    def stats(self) -> dict[str, int]:
+        """The card's telemetry counters (names in docs/protocol.md)."""
+        return m.decode_stats_reply(self._request(Opcode.STATS))
+
+    def ping(self, data: bytes = b"") -> float:
+        """Round-trip time in seconds of an echo of ``data``."""
+        start = time.perf_counter()
+        if self._request(Opcode.PING, data) != data:
+            raise ProtocolError("the card echoed different bytes")
+        return time.perf_counter() - start
+
+    def open_stream(
+        self,
+        engine: str | None = None,
+        *,
+        target: str | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        max_k: int | None = None,
+        wire_mode: WireMode = WireMode.TOKENS,
+    ) -> DraftStream:
+        """Open a stream on a built-in engine or a target image (default: the card's first
+        engine). Temperature 0 drafts greedily; otherwise the card samples with these
+        parameters from a generator seeded with ``seed``."""
+        if engine is not None and target is not None:
+            raise InvalidArgumentError("open a stream on an engine or on a target, not both")
+        if target is not None:
+            kind, name = ModelKind.TARGET, target
+        else:
+            if engine is None:
+                if not self._info.engines:
+                    raise UnknownModelError("this card has no built-in engine; name a target")
+                engine = self._info.engines[0]
+            kind, name = ModelKind.ENGINE, engine
+        req = m.OpenRequest(
+            kind=kind,
+            name=name,
+            wire_mode=wire_mode,
+            max_k=max_k or 0,
+            top_k=top_k,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+        )
+        reply = m.decode_open_reply(self._request(Opcode.OPEN, m.encode_open_request(req)))
+        return DraftStream(self, reply.handle, reply.context, reply.max_k, name)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._transport.close()
+
+    def __enter__(self) -> Card:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class DraftStream:
+    """One sequence's drafting state on the card: a slot holding its committed context.
+
+    The host mirrors the committed length. If a request times out its effect on the card is
+    unknown, so the stream resynchronises (a rollback to the host's length) before the next
+    request.
+    """
+
+    def __init__(self, card: Card, handle: int, capacity: int, max_k: int, model: str) -> None:
+        self.card = card
+        self.handle = handle
+        self.capacity = capacity
+        self.max_k = max_k
+        self.model = model
+        self.length = 0
+        self.last_draft: tuple[int, ...] = ()
+        self._resync = False
+        self.closed = False
+
+    def _guard(self) -> None:
+        if self.closed:
+            raise ExstillError("this stream is closed; open a new one")
+        if self._resync:
+            self._do_rollback(self.length)
+            self._resync = False
+
+    def prefill(self, tokens: list[int] | tuple[int, ...], timeout: float | None = None) -> int:
+        """Append prompt tokens, in chunks that fit a frame; returns the new length."""
+        self._guard()
+        if self.length + len(tokens) > self.capacity:
+            raise InvalidArgumentError(
+                f"{len(tokens)} tokens do not fit: the stream holds {self.length} of "
+                f"{self.capacity}"
+            )
+        chunk = self.card._info.max_payload // 4
+        for start in range(0, len(tokens), chunk):
+            part = m.encode_tokens(tokens[start : start + chunk])
+            try:
+                reply = self.card._request(Opcode.PREFILL, part, self.handle, timeout)
+            except LinkTimeoutError:
+                self._resync = True
+                raise
+            self.length = m.decode_u32(reply)
+        self.last_draft = ()
+        return self.length
+
+    def draft(self, k: int, timeout: float | None = None) -> Draft:
+        """Propose up to ``k`` tokens after the committed context."""
+        self._guard()
+        card = self.card
+        card._check_open()
+        rid = card._next_rid()
+        try:
+            frame = seal(DRAFT_FRAME.pack(PROTOCOL_VERSION, Opcode.DRAFT, rid, self.handle, 1, k))
+        except struct.error:
+            card._pending.discard(rid)
+            raise InvalidArgumentError(f"K must be 0..255, not {k!r}") from None
+        try:
+            result = _parse_draft(card._exchange(frame, rid, Opcode.DRAFT, timeout))
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+        self.last_draft = result.tokens
+        return result
+
+    def commit(self, accepted: int, bonus: int, next_k: int, timeout: float | None = None) -> Draft:
+        """One verification round: the target accepted the first ``accepted`` tokens of the last
+        draft, then produced ``bonus``; returns the next draft of up to ``next_k`` tokens."""
+        if self._resync or self.closed:
+            self._guard()
+        if not 0 <= accepted <= len(self.last_draft):
+            raise InvalidArgumentError(
+                f"accepted {accepted} but the last draft had {len(self.last_draft)} tokens"
+            )
+        card = self.card
+        if card._closed:
+            card._check_open()
+        rid = card._next_rid()
+        try:
+            frame = seal(
+                COMMIT_FRAME.pack(
+                    PROTOCOL_VERSION, Opcode.COMMIT, rid, self.handle, 6, accepted, next_k, bonus
+                )
+            )
+        except struct.error:
+            card._pending.discard(rid)
+            raise InvalidArgumentError(
+                f"bonus must be a u32 token id and next K 0..255 (got {bonus!r}, {next_k!r})"
+            ) from None
+        try:
+            result = _parse_draft(card._exchange(frame, rid, Opcode.COMMIT, timeout))
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+        self.length += accepted + 1
+        self.last_draft = result.tokens
+        return result
+
+    def _do_rollback(self, length: int, timeout: float | None = None) -> int:
+        try:
+            reply = self.card._request(Opcode.ROLLBACK, m.encode_u32(length), self.handle, timeout)
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+        self.length = m.decode_u32(reply)
+        self.last_draft = ()
+        return self.length
+
+    def rollback(self, length: int, timeout: float | None = None) -> int:
+        """Cut the committed context back to ``length`` tokens."""
+        self._guard()
+        if not 0 <= length <= self.length:
+            raise InvalidArgumentError(
+                f"cannot roll back to {length}: the stream holds {self.length} tokens"
+            )
+        return self._do_rollback(length, timeout)
+
+    def close(self) -> None:
+        """Free the card's slot; safe to call twice and after the card is gone."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.card._closed:
+            self.card._request(Opcode.CLOSE, b"", self.handle)
+
+    def __enter__(self) -> DraftStream:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def open_card(url: str = "emu://", timeout: float = DEFAULT_TIMEOUT, trace: bool = False) -> Card:
+    """Connect to the card a URL names and shake hands.
+
+    ``emu://`` runs the card runtime in this process; ``tcp://HOST:PORT`` reaches a card server
+    such as ``exstill-emu``. ``trace=True`` logs every frame, decoded, to the
+    ``exstill_sdk.trace`` logger at DEBUG level.
+    """
+    transport = open_transport(url, timeout)
+    if trace:
+        transport = TracingTransport(transport)
+    return Card(transport, timeout)

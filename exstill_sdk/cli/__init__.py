@@ -1,0 +1,1 @@
+"""Command-line tools: exstill-emu, exstill-bench (more follow: pack, flash, info)."""

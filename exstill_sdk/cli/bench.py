@@ -1,0 +1,60 @@
+"""exstill-bench: benchmarks that print figures (``--json`` for one JSON object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from exstill_sdk.errors import ExstillError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="exstill-bench", description=__doc__)
+    sub = p.add_subparsers(dest="bench", required=True)
+    rt = sub.add_parser(
+        "roundtrip",
+        help="host cost and wire bytes of one verification round (COMMIT -> next draft)",
+    )
+    rt.add_argument("--url", default="emu://", help="card URL (default emu://)")
+    rt.add_argument("--k", type=int, default=6, help="draft length per round (default 6)")
+    rt.add_argument("--rounds", type=int, default=10000, help="timed rounds (default 10000)")
+    rt.add_argument("--context", type=int, default=1000, help="stream context length")
+    rt.add_argument(
+        "--placement",
+        choices=["cross-core", "same-core", "none"],
+        default="cross-core",
+        help="for a local tcp:// card server: pin it and the baseline echo server to one CPU "
+        "and this client to another (cross-core, default) or the same one; none pins nothing",
+    )
+    rt.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _print_human(result: dict[str, object]) -> None:
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.bench == "roundtrip":
+            from exstill_sdk.bench import roundtrip
+
+            result = roundtrip.run(args.url, args.k, args.rounds, args.context, args.placement)
+        else:  # pragma: no cover - argparse rejects unknown choices
+            raise AssertionError(args.bench)
+    except (ExstillError, ValueError) as exc:
+        print(f"exstill-bench: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_human(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""exstill-emu: serve the card runtime on a TCP port, as a card would on its link."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from urllib.parse import urlsplit
+
+from exstill_sdk.errors import ExstillError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="exstill-emu",
+        description="Run the Exstill card runtime on this CPU and serve it on a TCP port. "
+        "The first line of stdout is the URL to pass to open_card() (port 0 picks a free one).",
+    )
+    p.add_argument("--listen", default="tcp://127.0.0.1:0", help="tcp://HOST:PORT to serve on")
+    p.add_argument("--streams", type=int, default=12, help="stream slots (default 12)")
+    p.add_argument("--context", type=int, default=16384, help="tokens per slot (default 16384)")
+    p.add_argument(
+        "--engine",
+        action="append",
+        help="built-in engine to load (repeatable; default: lookup)",
+    )
+    p.add_argument("--max-k", type=int, default=16, help="largest K a stream may ask for")
+    p.add_argument("--no-prefetch", action="store_true", help="disable next-draft prefetch")
+    p.add_argument("--json", action="store_true", help="print the first line as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="log connections to stderr")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="exstill-emu: %(message)s",
+    )
+    from exstill_firmware import CardRuntime
+    from exstill_firmware.emulator import TcpCardServer
+    from exstill_firmware.engines import builtin_engine
+
+    listen = urlsplit(args.listen)
+    try:
+        if listen.scheme != "tcp" or not listen.hostname or listen.port is None:
+            raise ExstillError(f"--listen wants tcp://HOST:PORT, not {args.listen!r}")
+        engines = [builtin_engine(name) for name in (args.engine or ["lookup"])]
+        runtime = CardRuntime(
+            args.streams,
+            args.context,
+            engines,
+            max_k=args.max_k,
+            prefetch=not args.no_prefetch,
+            background_prefetch=False,
+        )
+        server = TcpCardServer(runtime, listen.hostname, listen.port)
+    except (ExstillError, ValueError, OSError) as exc:
+        print(f"exstill-emu: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"url": server.url, "host": server.host, "port": server.port}), flush=True)
+    else:
+        print(server.url, flush=True)
+
+    def _stop(signum: int, frame: object) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        server.serve_forever()
+    finally:
+        runtime.shutdown()
+    stats = runtime.telemetry.snapshot(0)
+    print(
+        f"exstill-emu: stopped after {stats['frames']} frames, {stats['rounds']} rounds",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""One exception hierarchy for the SDK, rooted in ExstillError.
+
+Every error carries a ``code`` from :class:`~exstill_sdk.protocol.constants.ErrorCode`; codes
+below 256 are the ones a card sends in ERROR replies, so a card's error arrives as the same
+class the SDK would raise itself.
+"""
+
+from __future__ import annotations
+
+from exstill_sdk.protocol.constants import ErrorCode
+
+
+class ExstillError(Exception):
+    """Base of every error the SDK raises."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ProtocolError(ExstillError):
+    """A malformed frame or payload, an unknown opcode, or a version no side speaks."""
+
+    code = ErrorCode.BAD_PAYLOAD
+
+
+class StreamHandleError(ExstillError):
+    """The handle does not name an open stream of this connection."""
+
+    code = ErrorCode.BAD_HANDLE
+
+
+class CardFullError(ExstillError):
+    """Every stream slot is in use."""
+
+    code = ErrorCode.CARD_FULL
+
+
+class ContextFullError(ExstillError):
+    """The stream's context would grow past its slot."""
+
+    code = ErrorCode.CONTEXT_FULL
+
+
+class InvalidArgumentError(ExstillError, ValueError):
+    """An argument out of range: K, an accepted count, a rollback length, a sampling value."""
+
+    code = ErrorCode.BAD_ARGUMENT
+
+
+class UnknownModelError(ExstillError, LookupError):
+    """The card has no engine or target of that name."""
+
+    code = ErrorCode.UNKNOWN_MODEL
+
+
+class CardInternalError(ExstillError):
+    """The card failed while serving a request; the request had no effect on other streams."""
+
+    code = ErrorCode.INTERNAL
+
+
+class TransportError(ExstillError, OSError):
+    """The link to the card failed."""
+
+    code = ErrorCode.LINK
+
+
+class LinkTimeoutError(TransportError, TimeoutError):
+    """No reply came before the deadline."""
+
+    code = ErrorCode.TIMEOUT
+
+
+class DeviceNotFoundError(TransportError):
+    code = ErrorCode.DEVICE_NOT_FOUND
+
+
+class DevicePermissionError(TransportError, PermissionError):
+    code = ErrorCode.PERMISSION
+
+
+class BadURLError(ExstillError, ValueError):
+    code = ErrorCode.BAD_URL
+
+
+_CLASS_FOR_CODE: dict[int, type[ExstillError]] = {
+    ErrorCode.BAD_FRAME: ProtocolError,
+    ErrorCode.UNSUPPORTED_VERSION: ProtocolError,
+    ErrorCode.UNKNOWN_OPCODE: ProtocolError,
+    ErrorCode.BAD_PAYLOAD: ProtocolError,
+    ErrorCode.HANDSHAKE_REQUIRED: ProtocolError,
+    ErrorCode.BAD_HANDLE: StreamHandleError,
+    ErrorCode.CARD_FULL: CardFullError,
+    ErrorCode.K_OUT_OF_RANGE: InvalidArgumentError,
+    ErrorCode.CONTEXT_FULL: ContextFullError,
+    ErrorCode.UNKNOWN_MODEL: UnknownModelError,
+    ErrorCode.BAD_ARGUMENT: InvalidArgumentError,
+    ErrorCode.INTERNAL: CardInternalError,
+    ErrorCode.TIMEOUT: LinkTimeoutError,
+    ErrorCode.LINK: TransportError,
+    ErrorCode.DEVICE_NOT_FOUND: DeviceNotFoundError,
+    ErrorCode.PERMISSION: DevicePermissionError,
+    ErrorCode.BAD_URL: BadURLError,
+}
+
+
+def error_for_code(code: int, message: str) -> ExstillError:
+    """The exception for an error code, as received in an ERROR reply."""
+    try:
+        known = ErrorCode(code)
+    except ValueError:
+        return CardInternalError(f"card error 0x{code:02x}: {message}")
+    return _CLASS_FOR_CODE[known](message, known)

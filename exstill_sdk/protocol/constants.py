@@ -1,0 +1,88 @@
+"""Numbers of wire protocol v1: opcodes, error codes, flags and limits (docs/protocol.md)."""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+
+PROTOCOL_VERSION = 1
+"""The only frame version this code speaks; HELLO negotiates it."""
+
+HEADER_SIZE = 10
+"""version u8, opcode u8, request_id u16, handle u32, length u16."""
+CRC_SIZE = 4
+FRAME_OVERHEAD = HEADER_SIZE + CRC_SIZE
+MAX_PAYLOAD = 32768
+"""Largest payload a v1 peer must accept; bigger frames are dropped unread."""
+MAX_FRAME = FRAME_OVERHEAD + MAX_PAYLOAD
+
+MAX_NAME = 64
+"""Longest engine, target or counter name (UTF-8 bytes)."""
+MAX_ERROR_MESSAGE = 200
+MAX_DIST_ENTRIES = 255
+"""Most entries a drafted position's distribution may carry on the wire."""
+
+RESPONSE_BIT = 0x80
+"""A response's opcode is its request's opcode with this bit set."""
+
+
+class Opcode(IntEnum):
+    HELLO = 0x01
+    PING = 0x02
+    STATS = 0x03
+    OPEN = 0x10
+    CLOSE = 0x11
+    PREFILL = 0x12
+    DRAFT = 0x13
+    COMMIT = 0x14
+    ROLLBACK = 0x15
+    ERROR = 0xFF
+    """Response-only: a typed error for the request with the same request id."""
+
+
+class ErrorCode(IntEnum):
+    """Codes carried by ERROR replies (1..255) and host-side codes (256 and up)."""
+
+    BAD_FRAME = 0x01
+    UNSUPPORTED_VERSION = 0x02
+    UNKNOWN_OPCODE = 0x03
+    BAD_PAYLOAD = 0x04
+    HANDSHAKE_REQUIRED = 0x05
+    BAD_HANDLE = 0x06
+    CARD_FULL = 0x07
+    K_OUT_OF_RANGE = 0x08
+    CONTEXT_FULL = 0x09
+    UNKNOWN_MODEL = 0x0A
+    BAD_ARGUMENT = 0x0B
+    INTERNAL = 0x0C
+    # Host side only: never sent on the wire.
+    TIMEOUT = 0x100
+    LINK = 0x101
+    DEVICE_NOT_FOUND = 0x102
+    PERMISSION = 0x103
+    BAD_URL = 0x104
+
+
+class ModelKind(IntEnum):
+    ENGINE = 0
+    """A weightless engine built into the runtime (for example "lookup")."""
+    TARGET = 1
+    """A target image: distilled draft weights for one target model."""
+
+
+class WireMode(IntEnum):
+    TOKENS = 0
+    """Draft replies carry token ids only."""
+    DIST = 1
+    """Draft replies also carry, per position, the exact distribution the card sampled from."""
+
+
+class DraftFlags(IntFlag):
+    NONE = 0
+    PREFETCH_HIT = 0x01
+    HAS_DIST = 0x02
+
+
+class Features(IntFlag):
+    NONE = 0
+    PREFETCH = 0x01
+    PIPELINING = 0x02

@@ -1,0 +1,410 @@
+"""Payloads of every v1 message, encoded and decoded with precompiled ``struct``.
+
+This is the implementation both sides run; ``schema.py`` is the formal ``construct`` definition
+of the same bytes, and tests/protocol/test_schema_agreement.py shows the two agree. Every
+``decode_*`` raises :class:`~exstill_sdk.errors.ProtocolError` and nothing else for bad bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from exstill_sdk.errors import ProtocolError
+from exstill_sdk.protocol.constants import (
+    MAX_DIST_ENTRIES,
+    MAX_ERROR_MESSAGE,
+    MAX_NAME,
+    MAX_PAYLOAD,
+    DraftFlags,
+    ErrorCode,
+)
+
+U8 = struct.Struct("<B")
+U16 = struct.Struct("<H")
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+MAX_TOKENS_PER_FRAME = MAX_PAYLOAD // 4
+TOKENS = [struct.Struct(f"<{n}I") for n in range(256)]
+"""TOKENS[n] packs n token ids; drafts have at most 255 tokens."""
+WEIGHTS = [struct.Struct(f"<{n}H") for n in range(256)]
+
+HELLO_REQUEST = struct.Struct("<BB")
+HELLO_REPLY_FIXED = struct.Struct(
+    "<HIBBIH"
+)  # slots, context, max_k, wire_modes, features, max_payload
+OPEN_REQUEST = struct.Struct("<BBBHffQ")  # kind, wire_mode, max_k, top_k, temperature, top_p, seed
+OPEN_REPLY = struct.Struct("<IIB")  # handle, context, max_k
+COMMIT_REQUEST = struct.Struct("<BBI")  # accepted, next_k, bonus
+DRAFT_REPLY_HEAD = struct.Struct("<BB")  # flags, count
+TARGET_FIXED = struct.Struct("<I32s")  # vocab_size, tokenizer_sha256
+COUNTER_VALUE = U64
+
+
+def _bad(what: str) -> ProtocolError:
+    return ProtocolError(what, ErrorCode.BAD_PAYLOAD)
+
+
+class _Reader:
+    """Bounds-checked cursor over a payload."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, s: struct.Struct) -> tuple:
+        try:
+            values = s.unpack_from(self.data, self.pos)
+        except struct.error:
+            raise _bad(f"payload ends inside a field at byte {self.pos}") from None
+        self.pos += s.size
+        return values
+
+    def str8(self) -> str:
+        (n,) = self.take(U8)
+        raw = self.data[self.pos : self.pos + n]
+        if len(raw) != n:
+            raise _bad("payload ends inside a string")
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad("string is not UTF-8") from None
+
+    def rest(self) -> bytes:
+        out = self.data[self.pos :]
+        self.pos = len(self.data)
+        return out
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise _bad(f"{len(self.data) - self.pos} unexpected bytes after the message")
+
+
+def _str8(text: str, limit: int = MAX_NAME) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > limit:
+        raise _bad(f"name {text[:20]!r}... is longer than {limit} bytes")
+    return U8.pack(len(raw)) + raw
+
+
+# ---------------------------------------------------------------- HELLO
+
+
+@dataclass(frozen=True)
+class HelloRequest:
+    min_version: int
+    max_version: int
+    client: str = ""
+
+
+def encode_hello_request(m: HelloRequest) -> bytes:
+    return HELLO_REQUEST.pack(m.min_version, m.max_version) + _str8(m.client)
+
+
+def decode_hello_request(data: bytes) -> HelloRequest:
+    r = _Reader(data)
+    lo, hi = r.take(HELLO_REQUEST)
+    client = r.str8()
+    r.end()
+    return HelloRequest(lo, hi, client)
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    name: str
+    vocab_size: int
+    tokenizer_sha256: bytes = bytes(32)
+
+
+@dataclass(frozen=True)
+class HelloReply:
+    version: int
+    firmware: str
+    slots: int
+    context: int
+    max_k: int
+    wire_modes: int
+    features: int
+    max_payload: int
+    engines: tuple[str, ...] = ()
+    targets: tuple[TargetInfo, ...] = ()
+
+
+def encode_hello_reply(m: HelloReply) -> bytes:
+    parts = [
+        U8.pack(m.version),
+        _str8(m.firmware),
+        HELLO_REPLY_FIXED.pack(
+            m.slots, m.context, m.max_k, m.wire_modes, m.features, m.max_payload
+        ),
+        U8.pack(len(m.engines)),
+    ]
+    parts += [_str8(e) for e in m.engines]
+    parts.append(U8.pack(len(m.targets)))
+    for t in m.targets:
+        parts += [_str8(t.name), TARGET_FIXED.pack(t.vocab_size, t.tokenizer_sha256)]
+    return b"".join(parts)
+
+
+def decode_hello_reply(data: bytes) -> HelloReply:
+    r = _Reader(data)
+    (version,) = r.take(U8)
+    firmware = r.str8()
+    fixed = r.take(HELLO_REPLY_FIXED)
+    (n_engines,) = r.take(U8)
+    engines = tuple(r.str8() for _ in range(n_engines))
+    (n_targets,) = r.take(U8)
+    targets = []
+    for _ in range(n_targets):
+        name = r.str8()
+        vocab, sha = r.take(TARGET_FIXED)
+        targets.append(TargetInfo(name, vocab, sha))
+    r.end()
+    return HelloReply(version, firmware, *fixed, engines=engines, targets=tuple(targets))
+
+
+# ---------------------------------------------------------------- STATS
+
+
+def encode_stats_reply(counters: dict[str, int]) -> bytes:
+    parts = [U16.pack(len(counters))]
+    for name, value in counters.items():
+        parts += [_str8(name), COUNTER_VALUE.pack(value)]
+    return b"".join(parts)
+
+
+def decode_stats_reply(data: bytes) -> dict[str, int]:
+    r = _Reader(data)
+    (n,) = r.take(U16)
+    out = {}
+    for _ in range(n):
+        name = r.str8()
+        (out[name],) = r.take(COUNTER_VALUE)
+    r.end()
+    return out
+
+
+# ---------------------------------------------------------------- OPEN
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    kind: int
+    name: str
+    wire_mode: int = 0
+    max_k: int = 0
+    """0 asks for the card's maximum."""
+    top_k: int = 0
+    """0 means no top-k truncation."""
+    temperature: float = 0.0
+    """0 means greedy (argmax) drafting."""
+    top_p: float = 1.0
+    seed: int = 0
+
+
+def encode_open_request(m: OpenRequest) -> bytes:
+    try:
+        fixed = OPEN_REQUEST.pack(
+            m.kind, m.wire_mode, m.max_k, m.top_k, m.temperature, m.top_p, m.seed
+        )
+    except struct.error as exc:
+        raise _bad(f"open request field out of range: {exc}") from None
+    return fixed + _str8(m.name)
+
+
+def decode_open_request(data: bytes) -> OpenRequest:
+    r = _Reader(data)
+    kind, wire_mode, max_k, top_k, temperature, top_p, seed = r.take(OPEN_REQUEST)
+    name = r.str8()
+    r.end()
+    return OpenRequest(kind, name, wire_mode, max_k, top_k, temperature, top_p, seed)
+
+
+@dataclass(frozen=True)
+class OpenReply:
+    handle: int
+    context: int
+    max_k: int
+
+
+def encode_open_reply(m: OpenReply) -> bytes:
+    return OPEN_REPLY.pack(m.handle, m.context, m.max_k)
+
+
+def decode_open_reply(data: bytes) -> OpenReply:
+    r = _Reader(data)
+    values = r.take(OPEN_REPLY)
+    r.end()
+    return OpenReply(*values)
+
+
+# ---------------------------------------------------------------- PREFILL / ROLLBACK / lengths
+
+
+def encode_tokens(tokens: list[int] | tuple[int, ...]) -> bytes:
+    try:
+        return struct.pack(f"<{len(tokens)}I", *tokens)
+    except struct.error:
+        raise _bad("token ids must be integers in 0..2**32-1") from None
+
+
+def decode_tokens(data: bytes) -> tuple[int, ...]:
+    if len(data) % 4:
+        raise _bad(f"token payload of {len(data)} bytes is not a whole number of u32")
+    return struct.unpack(f"<{len(data) // 4}I", data)
+
+
+def encode_u32(value: int) -> bytes:
+    try:
+        return U32.pack(value)
+    except struct.error:
+        raise _bad(f"{value} does not fit in u32") from None
+
+
+def decode_u32(data: bytes) -> int:
+    if len(data) != 4:
+        raise _bad(f"expected a 4-byte u32, got {len(data)} bytes")
+    return U32.unpack(data)[0]
+
+
+def encode_u8(value: int) -> bytes:
+    try:
+        return U8.pack(value)
+    except struct.error:
+        raise _bad(f"{value} does not fit in u8") from None
+
+
+def decode_u8(data: bytes) -> int:
+    if len(data) != 1:
+        raise _bad(f"expected a 1-byte u8, got {len(data)} bytes")
+    return data[0]
+
+
+# ---------------------------------------------------------------- COMMIT
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    accepted: int
+    bonus: int
+    next_k: int
+
+
+def encode_commit_request(m: CommitRequest) -> bytes:
+    try:
+        return COMMIT_REQUEST.pack(m.accepted, m.next_k, m.bonus)
+    except struct.error:
+        raise _bad("commit fields out of range") from None
+
+
+def decode_commit_request(data: bytes) -> CommitRequest:
+    if len(data) != COMMIT_REQUEST.size:
+        raise _bad(f"commit payload must be {COMMIT_REQUEST.size} bytes, got {len(data)}")
+    accepted, next_k, bonus = COMMIT_REQUEST.unpack(data)
+    return CommitRequest(accepted, bonus, next_k)
+
+
+# ---------------------------------------------------------------- DRAFT reply
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One drafted position's distribution: q(tokens[i]) = weights[i] / sum(weights)."""
+
+    tokens: tuple[int, ...]
+    weights: tuple[int, ...]
+
+    def probability(self, token: int) -> float:
+        total = sum(self.weights)
+        return sum(w for t, w in zip(self.tokens, self.weights, strict=True) if t == token) / total
+
+
+@dataclass(frozen=True)
+class DraftReply:
+    tokens: tuple[int, ...]
+    prefetch_hit: bool = False
+    dists: tuple[Distribution, ...] | None = field(default=None)
+
+
+def encode_dist(d: Distribution) -> bytes:
+    n = len(d.tokens)
+    if not 1 <= n <= MAX_DIST_ENTRIES or len(d.weights) != n:
+        raise _bad(f"a distribution needs 1..{MAX_DIST_ENTRIES} (token, weight) entries")
+    try:
+        return U8.pack(n) + TOKENS[n].pack(*d.tokens) + WEIGHTS[n].pack(*d.weights)
+    except struct.error:
+        raise _bad("distribution token or weight out of range") from None
+
+
+def encode_draft_reply(m: DraftReply) -> bytes:
+    n = len(m.tokens)
+    flags = (DraftFlags.PREFETCH_HIT if m.prefetch_hit else 0) | (
+        DraftFlags.HAS_DIST if m.dists is not None else 0
+    )
+    if n > 255:
+        raise _bad("a draft has at most 255 tokens")
+    try:
+        out = DRAFT_REPLY_HEAD.pack(flags, n) + TOKENS[n].pack(*m.tokens)
+    except struct.error:
+        raise _bad("token ids must be integers in 0..2**32-1") from None
+    if m.dists is not None:
+        if len(m.dists) != n:
+            raise _bad("a draft needs one distribution per token")
+        out += b"".join(encode_dist(d) for d in m.dists)
+    return out
+
+
+def decode_draft_reply(data: bytes) -> DraftReply:
+    try:
+        flags, n = DRAFT_REPLY_HEAD.unpack_from(data)
+        tokens = TOKENS[n].unpack_from(data, 2)
+    except struct.error:
+        raise _bad("draft reply ends inside its tokens") from None
+    if flags & ~(DraftFlags.PREFETCH_HIT | DraftFlags.HAS_DIST):
+        raise _bad(f"draft reply has unknown flags 0x{flags:02x}")
+    pos = 2 + 4 * n
+    dists = None
+    if flags & DraftFlags.HAS_DIST:
+        r = _Reader(data)
+        r.pos = pos
+        out = []
+        for _ in range(n):
+            (m,) = r.take(U8)
+            if m == 0:
+                raise _bad("a distribution has no entries")
+            dist_tokens = r.take(TOKENS[m])
+            weights = r.take(WEIGHTS[m])
+            if not any(weights):
+                raise _bad("a distribution's weights sum to zero")
+            out.append(Distribution(dist_tokens, weights))
+        dists = tuple(out)
+        pos = r.pos
+    if pos != len(data):
+        raise _bad(f"{len(data) - pos} unexpected bytes after the draft")
+    return DraftReply(tokens, bool(flags & DraftFlags.PREFETCH_HIT), dists)
+
+
+# ---------------------------------------------------------------- ERROR
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    code: int
+    message: str
+
+
+def encode_error_reply(m: ErrorReply) -> bytes:
+    raw = m.message.encode("utf-8")[:MAX_ERROR_MESSAGE]
+    return U16.pack(m.code) + raw.decode("utf-8", "ignore").encode("utf-8")
+
+
+def decode_error_reply(data: bytes) -> ErrorReply:
+    r = _Reader(data)
+    (code,) = r.take(U16)
+    raw = r.rest()
+    if len(raw) > MAX_ERROR_MESSAGE:
+        raise _bad("error message too long")
+    return ErrorReply(code, raw.decode("utf-8", "replace"))

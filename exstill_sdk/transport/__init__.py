@@ -1,0 +1,17 @@
+"""Links to a card, picked by URL scheme: ``emu://`` (in-process), ``tcp://HOST:PORT``."""
+
+from exstill_sdk.transport.base import (
+    TracingTransport,
+    Transport,
+    open_transport,
+    register_transport,
+    transport_schemes,
+)
+
+__all__ = [
+    "TracingTransport",
+    "Transport",
+    "open_transport",
+    "register_transport",
+    "transport_schemes",
+]

@@ -1,0 +1,77 @@
+"""``emu://``: the card runtime in this process, behind the same frames as a real link.
+
+Query parameters: ``streams`` (slots, default 12), ``context`` (tokens per slot, 16384),
+``engine`` (comma-separated built-in engines, ``lookup``), ``max_k`` (16), ``prefetch`` (1/0).
+A request is served inside ``send_frame`` on the caller's thread: no socket and no thread
+hand-off on the per-round path.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+from urllib.parse import SplitResult
+
+from exstill_sdk.errors import BadURLError, LinkTimeoutError
+from exstill_sdk.transport.base import Transport, int_param, query_params
+
+if TYPE_CHECKING:
+    from exstill_firmware import CardRuntime
+
+
+class EmuTransport(Transport):
+    scheme = "emu"
+
+    def __init__(self, runtime: CardRuntime, owns_runtime: bool = False) -> None:
+        self.runtime = runtime
+        self._session = runtime.open_session("emu")
+        self._owns = owns_runtime
+        self._inbox: deque[bytes] = deque()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: SplitResult, timeout: float) -> EmuTransport:
+        from exstill_firmware import CardRuntime
+        from exstill_firmware.engines import builtin_engine
+
+        if url.netloc or url.path not in ("", "/"):
+            raise BadURLError(f"{url.geturl()!r}: the emulator URL is emu:// with ?options")
+        params = query_params(url)
+        slots = int_param(params, "streams", 12)
+        context = int_param(params, "context", 16384)
+        max_k = int_param(params, "max_k", 16)
+        prefetch = int_param(params, "prefetch", 1)
+        engines = [builtin_engine(n) for n in params.pop("engine", "lookup").split(",")]
+        if params:
+            raise BadURLError(
+                f"unknown emu:// option(s) {', '.join(params)}; known: streams, context, "
+                "engine, max_k, prefetch"
+            )
+        try:
+            runtime = CardRuntime(slots, context, engines, max_k=max_k, prefetch=bool(prefetch))
+        except ValueError as exc:
+            raise BadURLError(str(exc)) from None
+        return cls(runtime, owns_runtime=True)
+
+    def send_frame(self, frame: bytes) -> None:
+        reply = self.runtime.handle(self._session, frame)
+        if reply is not None:
+            self._inbox.append(reply)
+
+    def recv_frame(self, deadline: float) -> bytes:
+        try:
+            return self._inbox.popleft()
+        except IndexError:
+            # Requests are served synchronously: no reply now means the card dropped the frame.
+            raise LinkTimeoutError(
+                "the emulated card sent no reply (it drops frames that fail the CRC or length "
+                "check)"
+            ) from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.runtime.close_session(self._session)
+        if self._owns:
+            self.runtime.shutdown()

@@ -1,0 +1,85 @@
+"""The engine interface: what the runtime asks of any draft engine.
+
+Token ids travel as little-endian u32 bytes, the wire format, from the commit frame into the
+context and from a proposal into the reply frame, without a per-token conversion.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from exstill_sdk.protocol.constants import ModelKind
+from exstill_sdk.protocol.messages import Distribution
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A stream's sampling parameters; temperature 0 is greedy (argmax) drafting."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Proposal(NamedTuple):
+    tokens: bytes
+    """Drafted token ids, u32 little-endian; may be shorter than asked."""
+    dists: tuple[Distribution, ...] | None = None
+    """The distribution each token was sampled from; None for deterministic drafts."""
+
+
+class EngineState(ABC):
+    """One stream's state inside an engine: its committed context and whatever the engine
+    derives from it. ``propose`` must only read state: the prefetch worker calls it while the
+    runtime may be serving other requests."""
+
+    def __init__(self) -> None:
+        self.context = bytearray()
+
+    @property
+    def length(self) -> int:
+        return len(self.context) >> 2
+
+    def extend(self, tokens: bytes) -> None:
+        """Append committed tokens (u32 LE)."""
+        start = len(self.context) >> 2
+        self.context += tokens
+        self._extended(start)
+
+    def truncate(self, length: int) -> None:
+        del self.context[length * 4 :]
+        self._truncated(length)
+
+    @abstractmethod
+    def _extended(self, start: int) -> None:
+        """Tokens from position ``start`` on were appended."""
+
+    @abstractmethod
+    def _truncated(self, length: int) -> None:
+        """The context was cut back to ``length`` tokens."""
+
+    @abstractmethod
+    def propose(self, k: int, branch: bytes = b"") -> Proposal:
+        """Draft up to ``k`` tokens after the context followed by ``branch`` (u32 LE tokens
+        not committed yet: the prefetch worker drafts ahead on a guessed outcome)."""
+
+
+class DraftEngine(ABC):
+    """A named draft model the card can open streams on."""
+
+    name: str
+    kind: ModelKind = ModelKind.ENGINE
+    vocab_size: int = 0
+    """0 for engines that draft any token id (prompt lookup)."""
+    tokenizer_sha256: bytes = bytes(32)
+
+    @abstractmethod
+    def open_state(self, capacity: int, sampling: Sampling) -> EngineState:
+        """A fresh per-stream state for a slot of ``capacity`` tokens."""

@@ -1,0 +1,79 @@
+"""Prompt-lookup drafting: continue the stream's own text after its latest matching n-gram.
+
+Like vLLM's ngram proposer and HF prompt lookup decoding, it matches the longest suffix n-gram
+(``min_n`` <= n <= ``max_n``) of the context against earlier text and proposes the tokens that
+followed it; it needs no weights. Instead of scanning the context each round, it keeps an index
+from every n-gram to the position after its latest occurrence, updated as tokens are committed,
+so a round costs O(new tokens x n range) whatever the context length. A rollback rebuilds the
+index (O(length)): rollbacks are rare, rounds are not.
+
+When the match runs into the text being matched (a repeating pattern), the draft repeats the
+pattern: proposed token i is the token at match + i of context + draft.
+"""
+
+from __future__ import annotations
+
+from exstill_sdk.errors import InvalidArgumentError
+
+from .base import DraftEngine, EngineState, Proposal, Sampling
+
+
+class LookupState(EngineState):
+    def __init__(self, min_n: int, max_n: int) -> None:
+        super().__init__()
+        self.min_n = min_n
+        self.max_n = max_n
+        self._widths = tuple(4 * n for n in range(min_n, max_n + 1))
+        self.index: dict[bytes, int] = {}
+
+    def _extended(self, start: int) -> None:
+        end = len(self.context) >> 2
+        base = max(0, start - self.max_n)
+        window = bytes(self.context[4 * base :])
+        update = self.index.update
+        for w in self._widths:
+            first = max(start, w >> 2)  # the n-gram before position j needs j >= n
+            if first < end:
+                offsets = range(4 * (first - base), 4 * (end - base), 4)
+                # In order of j, so each n-gram keeps its latest position.
+                update(zip([window[o - w : o] for o in offsets], range(first, end), strict=True))
+
+    def _truncated(self, length: int) -> None:
+        self.index = {}
+        self._extended(0)
+
+    def propose(self, k: int, branch: bytes = b"") -> Proposal:
+        ctx = self.context
+        n_ctx = len(ctx) >> 2
+        tail = bytes(ctx[-4 * self.max_n :]) + branch if ctx else branch
+        index = self.index
+        for w in reversed(self._widths):
+            if len(tail) < w:
+                continue
+            j = index.get(tail[len(tail) - w :])
+            if j is not None:
+                break
+        else:
+            return Proposal(b"")
+        need = 4 * k
+        if j + k <= n_ctx:
+            return Proposal(bytes(ctx[4 * j : 4 * j + need]))
+        src = bytes(ctx[4 * j :]) + branch
+        return Proposal((src * (need // len(src) + 1))[:need])
+
+
+class LookupEngine(DraftEngine):
+    """The built-in weightless engine, opened by the name ``lookup``."""
+
+    name = "lookup"
+
+    def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
+        if not 1 <= min_n <= max_n <= 64:
+            raise InvalidArgumentError(
+                f"lookup needs 1 <= min_n <= max_n <= 64, got {min_n}..{max_n}"
+            )
+        self.min_n = min_n
+        self.max_n = max_n
+
+    def open_state(self, capacity: int, sampling: Sampling) -> LookupState:
+        return LookupState(self.min_n, self.max_n)

@@ -1,0 +1,94 @@
+"""Next-draft prefetch: draft ahead on the full-acceptance branch while the host verifies.
+
+After the card replies with a draft d1..dk (and its guess g for the target's bonus token, the
+engine's token k+1), it drafts the next round on context + d1..dk + g. A COMMIT of (k accepted,
+bonus g, next K within what was prefetched) is then answered from the result at once.
+
+The work runs when the card would otherwise be idle. A serving loop that owns a link (the TCP
+server) calls ``run_pending`` right after it has sent its replies, so the work never delays a
+reply; with ``background=True`` (the in-process emulator, where the host's own thread runs the
+runtime) a worker thread runs it instead. Drafting ahead only reads engine state; the stream's
+version counter (a sequence lock, see Stream.version) discards any result computed across a
+change.
+"""
+
+from __future__ import annotations
+
+import threading
+from queue import Empty, SimpleQueue
+from typing import NamedTuple
+
+from .streams import Stream
+
+Job = tuple[Stream, int, bytes, int]
+
+
+class PrefetchResult(NamedTuple):
+    version: int
+    """The stream version the branch was drafted from."""
+    branch: bytes
+    """The guessed committed tokens (draft + bonus guess, u32 LE) it drafted after."""
+    tokens: bytes
+    """Up to k+1 drafted tokens after the branch (the last one is the next guess)."""
+    dists: tuple | None
+
+
+class Prefetcher:
+    def __init__(self, background: bool = False) -> None:
+        self._queue: SimpleQueue[Job | None] = SimpleQueue()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name="exstill-prefetch", daemon=True)
+            self._thread.start()
+
+    def submit(self, stream: Stream, branch_draft: bytes, guess: bytes, k: int) -> None:
+        stream.prefetch_scheduled = True
+        self._queue.put((stream, stream.version, branch_draft + guess, k))
+
+    def run_pending(self) -> int:
+        """Draft ahead for every stream with a pending job; the number of jobs run."""
+        latest = self._drain(None)
+        for job in latest.values():
+            self._draft_ahead(*job)
+        return len(latest)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _drain(self, first: Job | None) -> dict[int, Job]:
+        """Take every queued job, keeping only the newest per stream (older ones are for
+        rounds already gone)."""
+        latest: dict[int, Job] = {}
+        job = first
+        while True:
+            if job is not None:
+                latest[id(job[0])] = job
+            try:
+                job = self._queue.get_nowait()
+            except Empty:
+                return latest
+            if job is None:  # close() while draining: put the stop marker back
+                self._queue.put(None)
+                return latest
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            for pending in self._drain(job).values():
+                self._draft_ahead(*pending)
+
+    @staticmethod
+    def _draft_ahead(stream: Stream, version: int, branch: bytes, k: int) -> None:
+        if stream.version != version or stream.closed:
+            return
+        try:
+            proposal = stream.state.propose(k + 1, branch)
+        except Exception:  # state changed under us; the version check below discards it anyway
+            return
+        if stream.version == version:
+            stream.prefetch = PrefetchResult(version, branch, proposal.tokens, proposal.dists)

@@ -1,0 +1,371 @@
+"""The card runtime: frames in, frames out, for any number of client sessions.
+
+``CardRuntime.handle(session, frame)`` is the whole interface a transport needs: it parses and
+checks one frame and returns the reply frame, or None when the frame must be dropped (bad CRC,
+bad length: its request id cannot be trusted). Every other kind of bad input gets an ERROR
+reply; nothing a client sends can raise out of ``handle`` or change another client's streams.
+Requests are served one at a time under a lock (the card's scheduler); the prefetch worker
+drafts ahead in the background between them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable
+from zlib import crc32
+
+from exstill_sdk.errors import (
+    ContextFullError,
+    ExstillError,
+    InvalidArgumentError,
+    ProtocolError,
+    UnknownModelError,
+)
+from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol.constants import (
+    CRC_SIZE,
+    FRAME_OVERHEAD,
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    RESPONSE_BIT,
+    DraftFlags,
+    ErrorCode,
+    Features,
+    ModelKind,
+    Opcode,
+    WireMode,
+)
+from exstill_sdk.protocol.frame import CRC, HEADER, seal
+
+from . import __version__
+from .engines import DraftEngine, LookupEngine, Sampling
+from .prefetch import Prefetcher
+from .streams import Session, Stream, StreamTable
+from .telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SLOTS = 12
+DEFAULT_CONTEXT = 16384
+DEFAULT_MAX_K = 16
+MAX_K_LIMIT = 64
+
+Handler = Callable[[Session, int, bytes], bytes]
+DRAFT_HEAD = m.DRAFT_REPLY_HEAD
+COMMIT = m.COMMIT_REQUEST
+_STREAM_OPS = frozenset(
+    {Opcode.OPEN, Opcode.CLOSE, Opcode.PREFILL, Opcode.DRAFT, Opcode.COMMIT, Opcode.ROLLBACK}
+)
+
+
+class CardRuntime:
+    def __init__(
+        self,
+        slots: int = DEFAULT_SLOTS,
+        context: int = DEFAULT_CONTEXT,
+        engines: Iterable[DraftEngine] | None = None,
+        max_k: int = DEFAULT_MAX_K,
+        prefetch: bool = True,
+        background_prefetch: bool = True,
+    ) -> None:
+        """``prefetch`` drafts ahead between rounds; with ``background_prefetch`` a worker
+        thread does it, otherwise the serving loop calls ``run_prefetch`` when idle."""
+        if not 16 <= context <= 1 << 24:
+            raise ValueError(f"context per slot must be 16..{1 << 24} tokens, not {context}")
+        if not 1 <= max_k <= MAX_K_LIMIT:
+            raise ValueError(f"max K must be 1..{MAX_K_LIMIT}, not {max_k}")
+        self.context = context
+        self.max_k = max_k
+        self.streams = StreamTable(slots)
+        self.models: dict[str, DraftEngine] = {
+            e.name: e for e in (engines if engines is not None else [LookupEngine()])
+        }
+        self.telemetry = Telemetry()
+        self.prefetcher = Prefetcher(background_prefetch) if prefetch else None
+        self._lock = threading.Lock()
+        self._handlers: dict[int, Callable[[Session, int, bytes], bytes]] = {
+            Opcode.HELLO: self._hello,
+            Opcode.PING: self._ping,
+            Opcode.STATS: self._stats,
+            Opcode.OPEN: self._open,
+            Opcode.CLOSE: self._close,
+            Opcode.PREFILL: self._prefill,
+            Opcode.DRAFT: self._draft,
+            Opcode.COMMIT: self._commit,
+            Opcode.ROLLBACK: self._rollback,
+        }
+
+    # ------------------------------------------------------------ sessions and frames
+
+    def open_session(self, name: str = "") -> Session:
+        return Session(name)
+
+    def close_session(self, session: Session) -> None:
+        """A connection went away: free every stream it held."""
+        with self._lock:
+            for handle in list(session.handles):
+                self.streams.remove(self.streams.by_handle[handle])
+
+    def run_prefetch(self) -> None:
+        """Idle-time work for a serving loop that drives prefetch itself."""
+        if self.prefetcher is not None:
+            self.prefetcher.run_pending()
+
+    def shutdown(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher = None
+
+    def handle(self, session: Session, frame: bytes) -> bytes | None:
+        """Serve one frame; the reply frame, or None if the frame is dropped."""
+        n = len(frame)
+        t = self.telemetry
+        if n < FRAME_OVERHEAD or n > FRAME_OVERHEAD + MAX_PAYLOAD:
+            t.frames_dropped += 1
+            return None
+        version, op, rid, handle, length = HEADER.unpack_from(frame)
+        if (
+            n != FRAME_OVERHEAD + length
+            or crc32(memoryview(frame)[: n - CRC_SIZE]) != CRC.unpack_from(frame, n - CRC_SIZE)[0]
+        ):
+            t.frames_dropped += 1
+            return None
+        with self._lock:
+            t.frames += 1
+            try:
+                if version != PROTOCOL_VERSION:
+                    raise ProtocolError(
+                        f"frame version {version} is not spoken here; this card speaks "
+                        f"v{PROTOCOL_VERSION}",
+                        ErrorCode.UNSUPPORTED_VERSION,
+                    )
+                handler = self._handlers.get(op)
+                if handler is None:
+                    raise ProtocolError(f"unknown opcode 0x{op:02x}", ErrorCode.UNKNOWN_OPCODE)
+                if session.version is None and op in _STREAM_OPS:
+                    raise ProtocolError(
+                        "send HELLO before using streams", ErrorCode.HANDSHAKE_REQUIRED
+                    )
+                payload = handler(session, handle, frame[10 : n - CRC_SIZE])
+            except ExstillError as exc:
+                return self._error(rid, handle, exc.code, exc.message)
+            except Exception as exc:  # a runtime bug must not take the card down
+                log.exception("internal error serving opcode 0x%02x", op)
+                return self._error(rid, handle, ErrorCode.INTERNAL, f"internal error: {exc}")
+            return seal(
+                HEADER.pack(PROTOCOL_VERSION, op | RESPONSE_BIT, rid, handle, len(payload))
+                + payload
+            )
+
+    def _error(self, rid: int, handle: int, code: int, message: str) -> bytes:
+        if code in self.telemetry.errors:
+            self.telemetry.errors[code] += 1
+        payload = m.encode_error_reply(m.ErrorReply(code, message))
+        return seal(
+            HEADER.pack(PROTOCOL_VERSION, Opcode.ERROR, rid, handle, len(payload)) + payload
+        )
+
+    # ------------------------------------------------------------ control
+
+    def _hello(self, session: Session, handle: int, payload: bytes) -> bytes:
+        req = m.decode_hello_request(payload)
+        if not req.min_version <= PROTOCOL_VERSION <= req.max_version:
+            raise ProtocolError(
+                f"client speaks v{req.min_version}..v{req.max_version}, this card speaks "
+                f"v{PROTOCOL_VERSION}; update the SDK or the firmware",
+                ErrorCode.UNSUPPORTED_VERSION,
+            )
+        session.version = PROTOCOL_VERSION
+        session.name = req.client
+        engines = [e.name for e in self.models.values() if e.kind == ModelKind.ENGINE]
+        targets = [
+            m.TargetInfo(e.name, e.vocab_size, e.tokenizer_sha256)
+            for e in self.models.values()
+            if e.kind == ModelKind.TARGET
+        ]
+        features = Features.PIPELINING | (Features.PREFETCH if self.prefetcher else 0)
+        return m.encode_hello_reply(
+            m.HelloReply(
+                version=PROTOCOL_VERSION,
+                firmware=f"exstill-emu {__version__}",
+                slots=len(self.streams.slots),
+                context=self.context,
+                max_k=self.max_k,
+                wire_modes=(1 << WireMode.TOKENS) | (1 << WireMode.DIST),
+                features=int(features),
+                max_payload=MAX_PAYLOAD,
+                engines=tuple(engines),
+                targets=tuple(targets),
+            )
+        )
+
+    def _ping(self, session: Session, handle: int, payload: bytes) -> bytes:
+        return payload
+
+    def _stats(self, session: Session, handle: int, payload: bytes) -> bytes:
+        if payload:
+            raise ProtocolError("STATS takes no payload")
+        return m.encode_stats_reply(self.telemetry.snapshot(self.streams.open_count))
+
+    # ------------------------------------------------------------ streams
+
+    def _open(self, session: Session, handle: int, payload: bytes) -> bytes:
+        req = m.decode_open_request(payload)
+        model = self.models.get(req.name)
+        if model is None or model.kind != req.kind:
+            kind = ModelKind(req.kind).name.lower() if req.kind in (0, 1) else "model"
+            raise UnknownModelError(
+                f"this card has no {kind} {req.name!r}; it has: "
+                + ", ".join(sorted(self.models) or ["nothing"])
+            )
+        if req.wire_mode not in (WireMode.TOKENS, WireMode.DIST):
+            raise InvalidArgumentError(f"unknown wire mode {req.wire_mode}")
+        max_k = req.max_k or self.max_k
+        if max_k > self.max_k:
+            raise InvalidArgumentError(
+                f"max K {max_k} exceeds this card's {self.max_k}", ErrorCode.K_OUT_OF_RANGE
+            )
+        if not (math.isfinite(req.temperature) and req.temperature >= 0):
+            raise InvalidArgumentError(f"temperature must be >= 0, not {req.temperature}")
+        if not (0 < req.top_p <= 1):
+            raise InvalidArgumentError(f"top-p must be in (0, 1], not {req.top_p}")
+        slot = self.streams.free_slot()
+        sampling = Sampling(req.temperature, req.top_k, req.top_p, req.seed)
+        stream = Stream(
+            slot=slot,
+            handle=self.streams.new_handle(slot),
+            session=session,
+            state=model.open_state(self.context, sampling),
+            sampling=sampling,
+            capacity=self.context,
+            max_k=max_k,
+            dist=req.wire_mode == WireMode.DIST,
+        )
+        self.streams.add(stream)
+        self.telemetry.streams_opened += 1
+        return m.encode_open_reply(m.OpenReply(stream.handle, stream.capacity, max_k))
+
+    def _close(self, session: Session, handle: int, payload: bytes) -> bytes:
+        self.streams.remove(self.streams.get(session, handle))
+        return b""
+
+    def _prefill(self, session: Session, handle: int, payload: bytes) -> bytes:
+        stream = self.streams.get(session, handle)
+        if len(payload) & 3:
+            raise ProtocolError(f"prefill of {len(payload)} bytes is not whole u32 tokens")
+        self._check_room(stream, len(payload) >> 2)
+        stream.begin_change()
+        stream.pending = b""
+        stream.state.extend(payload)
+        stream.end_change()
+        return m.U32.pack(stream.length)
+
+    def _rollback(self, session: Session, handle: int, payload: bytes) -> bytes:
+        stream = self.streams.get(session, handle)
+        length = m.decode_u32(payload)
+        if length > stream.length:
+            raise InvalidArgumentError(
+                f"cannot roll back to {length}: the stream holds {stream.length} tokens"
+            )
+        stream.begin_change()
+        stream.pending = b""
+        stream.state.truncate(length)
+        stream.end_change()
+        return m.U32.pack(length)
+
+    def _draft(self, session: Session, handle: int, payload: bytes) -> bytes:
+        stream = self.streams.get(session, handle)
+        k = m.decode_u8(payload)
+        self._check_k(stream, k)
+        stream.begin_change()  # a new draft replaces the pending one and voids its prefetch
+        stream.end_change()
+        return self._draft_reply(stream, k)
+
+    def _commit(self, session: Session, handle: int, payload: bytes) -> bytes:
+        # The per-round path: checks are inlined, and nothing changes before they all pass.
+        stream = self.streams.by_handle.get(handle)
+        if stream is None or stream.session is not session:
+            stream = self.streams.get(session, handle)  # raises the typed error
+        if len(payload) != 6:
+            raise ProtocolError(f"COMMIT payload must be 6 bytes, got {len(payload)}")
+        accepted, next_k, _ = COMMIT.unpack(payload)
+        pending = stream.pending
+        if accepted << 2 > len(pending):
+            raise InvalidArgumentError(
+                f"accepted {accepted} tokens but the last draft had {len(pending) >> 2}"
+            )
+        if next_k > stream.max_k:
+            self._check_k(stream, next_k)
+        state = stream.state
+        if (len(state.context) >> 2) + accepted + 1 > stream.capacity:
+            self._check_room(stream, accepted + 1)
+        t = self.telemetry
+        t.rounds += 1
+        t.accepted_tokens += accepted
+        committed = pending[: accepted << 2] + payload[2:6]
+        pf = stream.prefetch
+        hit = (
+            pf is not None
+            and pf.version == stream.version
+            and pf.branch == committed
+            and len(pf.tokens) >= next_k << 2
+        )
+        if stream.prefetch_scheduled:
+            if hit:
+                t.prefetch_hits += 1
+            elif pf is None or pf.version != stream.version:
+                t.prefetch_late += 1
+            else:
+                t.prefetch_misses += 1
+        stream.begin_change()
+        state.extend(committed)
+        stream.end_change()
+        if hit:
+            return self._serve(stream, next_k, pf.tokens, pf.dists, DraftFlags.PREFETCH_HIT)
+        return self._draft_reply(stream, next_k)
+
+    # ------------------------------------------------------------ drafting
+
+    def _check_k(self, stream: Stream, k: int) -> None:
+        if k > stream.max_k:
+            raise InvalidArgumentError(
+                f"K {k} exceeds the stream's max K {stream.max_k}", ErrorCode.K_OUT_OF_RANGE
+            )
+
+    def _check_room(self, stream: Stream, extra: int) -> None:
+        if stream.length + extra > stream.capacity:
+            raise ContextFullError(
+                f"{extra} more tokens would take the stream past its {stream.capacity}-token "
+                f"slot (it holds {stream.length}); roll back or open a new stream"
+            )
+
+    def _draft_reply(self, stream: Stream, k: int) -> bytes:
+        ask = k + 1 if self.prefetcher is not None and k else k
+        proposal = stream.state.propose(ask) if k else None
+        if proposal is None:
+            return self._serve(stream, 0, b"", None, 0)
+        return self._serve(stream, k, proposal.tokens, proposal.dists, 0)
+
+    def _serve(
+        self, stream: Stream, k: int, tokens: bytes, dists: tuple | None, flags: int
+    ) -> bytes:
+        """Reply with the first k of ``tokens``; a (k+1)-th token is the bonus guess that the
+        next prefetch drafts after."""
+        draft = tokens[: k << 2]
+        guess = tokens[k << 2 : (k << 2) + 4]
+        count = len(draft) >> 2
+        stream.pending = draft
+        t = self.telemetry
+        if count:
+            t.drafts += 1
+            t.draft_tokens += count
+        if guess and count == k and self.prefetcher is not None:
+            self.prefetcher.submit(stream, draft, guess, k)
+        if not stream.dist:
+            return DRAFT_HEAD.pack(flags, count) + draft
+        if dists is None:  # deterministic draft: each position is one-hot
+            dists = tuple(m.Distribution((tok,), (1,)) for tok in m.TOKENS[count].unpack(draft))
+        body = b"".join(m.encode_dist(d) for d in dists[:count])
+        return DRAFT_HEAD.pack(flags | DraftFlags.HAS_DIST, count) + draft + body

@@ -1,0 +1,142 @@
+"""The stream table: a fixed number of slots, each a context of fixed capacity.
+
+A handle is ``(nonce << 8) | slot`` with a fresh 24-bit random nonce per open, and a stream
+belongs to the session (connection) that opened it: a handle from another connection, a closed
+stream's handle or a guessed one is refused, never served.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING
+
+from exstill_sdk.errors import CardFullError, StreamHandleError
+
+from .engines.base import EngineState, Sampling
+
+if TYPE_CHECKING:
+    from .prefetch import PrefetchResult
+
+MAX_SLOTS = 255
+
+
+class Session:
+    """One client connection's view of the card."""
+
+    __slots__ = ("handles", "name", "version")
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self.version: int | None = None
+        """Negotiated protocol version; None until HELLO."""
+        self.handles: set[int] = set()
+
+
+class Stream:
+    __slots__ = (
+        "capacity",
+        "closed",
+        "dist",
+        "guess",
+        "handle",
+        "max_k",
+        "pending",
+        "pending_dists",
+        "prefetch",
+        "prefetch_scheduled",
+        "sampling",
+        "session",
+        "slot",
+        "state",
+        "version",
+    )
+
+    def __init__(
+        self,
+        slot: int,
+        handle: int,
+        session: Session,
+        state: EngineState,
+        sampling: Sampling,
+        capacity: int,
+        max_k: int,
+        dist: bool,
+    ) -> None:
+        self.slot = slot
+        self.handle = handle
+        self.session = session
+        self.state = state
+        self.sampling = sampling
+        self.capacity = capacity
+        self.max_k = max_k
+        self.dist = dist
+        self.closed = False
+        self.pending = b""
+        """The last draft's tokens (u32 LE), which a COMMIT accepts a prefix of."""
+        self.pending_dists: tuple = ()
+        self.guess: bytes | None = None
+        """The engine's guess for the bonus token after a fully accepted draft."""
+        self.prefetch: PrefetchResult | None = None
+        self.prefetch_scheduled = False
+        self.version = 0
+        """Sequence counter: odd while the context is being changed, bumped by 2 per change.
+        The prefetch worker keeps a result only if the version was even and unchanged
+        around its work."""
+
+    @property
+    def length(self) -> int:
+        return self.state.length
+
+    def begin_change(self) -> None:
+        self.version += 1
+        self.prefetch = None
+        self.prefetch_scheduled = False
+
+    def end_change(self) -> None:
+        self.version += 1
+
+
+class StreamTable:
+    def __init__(self, slots: int) -> None:
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"a card has 1..{MAX_SLOTS} stream slots, not {slots}")
+        self.slots: list[Stream | None] = [None] * slots
+        self.by_handle: dict[int, Stream] = {}
+
+    @property
+    def open_count(self) -> int:
+        return len(self.by_handle)
+
+    def free_slot(self) -> int:
+        for i, s in enumerate(self.slots):
+            if s is None:
+                return i
+        raise CardFullError(
+            f"all {len(self.slots)} stream slots are in use; close a finished stream "
+            "or retry when one frees"
+        )
+
+    @staticmethod
+    def new_handle(slot: int) -> int:
+        return ((secrets.randbits(24) or 1) << 8) | slot
+
+    def add(self, stream: Stream) -> None:
+        self.slots[stream.slot] = stream
+        self.by_handle[stream.handle] = stream
+        stream.session.handles.add(stream.handle)
+
+    def get(self, session: Session, handle: int) -> Stream:
+        stream = self.by_handle.get(handle)
+        if stream is None or stream.session is not session:
+            raise StreamHandleError(
+                f"stream handle 0x{handle:08x} is not open on this connection; "
+                "open a stream first (handles are not shared between connections)"
+            )
+        return stream
+
+    def remove(self, stream: Stream) -> None:
+        stream.closed = True
+        stream.prefetch = None
+        self.slots[stream.slot] = None
+        del self.by_handle[stream.handle]
+        stream.session.handles.discard(stream.handle)

@@ -1,0 +1,58 @@
+"""The card's counters, reported by STATS (names in docs/protocol.md, "Telemetry")."""
+
+from __future__ import annotations
+
+import time
+
+from exstill_sdk.protocol.constants import ErrorCode
+
+WIRE_ERRORS = [c for c in ErrorCode if c < 0x100]
+
+
+class Telemetry:
+    __slots__ = (
+        "accepted_tokens",
+        "draft_tokens",
+        "drafts",
+        "errors",
+        "frames",
+        "frames_dropped",
+        "prefetch_hits",
+        "prefetch_late",
+        "prefetch_misses",
+        "rounds",
+        "started",
+        "streams_opened",
+    )
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.frames = 0
+        self.frames_dropped = 0
+        self.rounds = 0
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.prefetch_hits = 0
+        self.prefetch_misses = 0
+        self.prefetch_late = 0
+        self.streams_opened = 0
+        self.errors = dict.fromkeys(WIRE_ERRORS, 0)
+
+    def snapshot(self, streams_open: int) -> dict[str, int]:
+        out = {
+            "uptime_ms": int((time.monotonic() - self.started) * 1000),
+            "frames": self.frames,
+            "frames_dropped": self.frames_dropped,
+            "rounds": self.rounds,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "prefetch_hits": self.prefetch_hits,
+            "prefetch_misses": self.prefetch_misses,
+            "prefetch_late": self.prefetch_late,
+            "streams_open": streams_open,
+            "streams_opened": self.streams_opened,
+        }
+        out.update({f"errors.{c.name.lower()}": n for c, n in self.errors.items()})
+        return out

@@ -46,7 +46,6 @@ COMMIT_FRAME = struct.Struct("<BBHIHBBI")
 DRAFT_FRAME = struct.Struct("<BBHIHB")
 _DRAFT_HEAD = m.DRAFT_REPLY_HEAD
 _TOKENS = m.TOKENS
-_HAS_DIST = int(DraftFlags.HAS_DIST)
 _HIT = int(DraftFlags.PREFETCH_HIT)
 DEFAULT_TIMEOUT = 5.0
 
@@ -77,7 +76,8 @@ class CardInfo:
 
 def _parse_draft(frame: bytes) -> Draft:
     flags, count = _DRAFT_HEAD.unpack_from(frame, HEADER_SIZE)
-    if flags & _HAS_DIST or len(frame) != FRAME_OVERHEAD + 2 + 4 * count:
+    if flags > _HIT or len(frame) != FRAME_OVERHEAD + 2 + 4 * count:
+        # Distributions, unknown flags or a bad length: the full, checking decoder.
         reply = m.decode_draft_reply(frame[HEADER_SIZE:-CRC_SIZE])
         return Draft(reply.tokens, reply.prefetch_hit, reply.dists)
     return Draft(_TOKENS[count].unpack_from(frame, HEADER_SIZE + 2), bool(flags & _HIT))

@@ -31,6 +31,8 @@ class PrefetchResult(NamedTuple):
     tokens: bytes
     """Up to k+1 drafted tokens after the branch (the last one is the next guess)."""
     dists: tuple | None
+    prepared: object
+    """The engine's work towards committing ``branch`` (Proposal.prepared)."""
 
 
 class Prefetcher:
@@ -91,4 +93,6 @@ class Prefetcher:
         except Exception:  # state changed under us; the version check below discards it anyway
             return
         if stream.version == version:
-            stream.prefetch = PrefetchResult(version, branch, proposal.tokens, proposal.dists)
+            stream.prefetch = PrefetchResult(
+                version, branch, proposal.tokens, proposal.dists, proposal.prepared
+            )

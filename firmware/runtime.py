@@ -320,7 +320,7 @@ class CardRuntime:
             else:
                 t.prefetch_misses += 1
         stream.begin_change()
-        state.extend(committed)
+        state.extend(committed, pf.prepared if hit else None)
         stream.end_change()
         if hit:
             return self._serve(stream, next_k, pf.tokens, pf.dists, DraftFlags.PREFETCH_HIT)

@@ -39,6 +39,7 @@ COMMIT_REQUEST = struct.Struct("<BBI")  # accepted, next_k, bonus
 DRAFT_REPLY_HEAD = struct.Struct("<BB")  # flags, count
 TARGET_FIXED = struct.Struct("<I32s")  # vocab_size, tokenizer_sha256
 COUNTER_VALUE = U64
+_KNOWN_DRAFT_FLAGS = int(DraftFlags.PREFETCH_HIT | DraftFlags.HAS_DIST)
 
 
 def _bad(what: str) -> ProtocolError:
@@ -363,7 +364,7 @@ def decode_draft_reply(data: bytes) -> DraftReply:
         tokens = TOKENS[n].unpack_from(data, 2)
     except struct.error:
         raise _bad("draft reply ends inside its tokens") from None
-    if flags & ~(DraftFlags.PREFETCH_HIT | DraftFlags.HAS_DIST):
+    if flags & ~_KNOWN_DRAFT_FLAGS & 0xFF:
         raise _bad(f"draft reply has unknown flags 0x{flags:02x}")
     pos = 2 + 4 * n
     dists = None

@@ -94,8 +94,12 @@ DISTRIBUTION = c.Struct(
 )
 
 DRAFT_REPLY = c.Struct(
-    "flags" / c.FlagsEnum(c.Int8ul, prefetch_hit=0x01, has_dist=0x02),
-    c.Check(lambda ctx: int(ctx.flags) & ~0x03 == 0),
+    "flags"
+    / c.BitStruct(
+        "reserved" / c.Const(0, c.BitsInteger(6)),
+        "has_dist" / c.Flag,
+        "prefetch_hit" / c.Flag,
+    ),
     "count" / c.Int8ul,
     "tokens" / c.Array(c.this.count, c.Int32ul),
     "dists" / c.If(c.this.flags.has_dist, c.Array(c.this.count, DISTRIBUTION)),

@@ -33,6 +33,9 @@ class Proposal(NamedTuple):
     """Drafted token ids, u32 little-endian; may be shorter than asked."""
     dists: tuple[Distribution, ...] | None = None
     """The distribution each token was sampled from; None for deterministic drafts."""
+    prepared: object = None
+    """When drafting after a ``branch``: engine-private work towards committing exactly that
+    branch, handed back to ``extend`` if the host commits it (a prefetch hit)."""
 
 
 class EngineState(ABC):
@@ -47,19 +50,20 @@ class EngineState(ABC):
     def length(self) -> int:
         return len(self.context) >> 2
 
-    def extend(self, tokens: bytes) -> None:
-        """Append committed tokens (u32 LE)."""
+    def extend(self, tokens: bytes, prepared: object = None) -> None:
+        """Append committed tokens (u32 LE). ``prepared`` is a Proposal's ``prepared`` from
+        drafting after exactly these tokens on the unchanged context, or None."""
         start = len(self.context) >> 2
         self.context += tokens
-        self._extended(start)
+        self._extended(start, prepared)
 
     def truncate(self, length: int) -> None:
         del self.context[length * 4 :]
         self._truncated(length)
 
     @abstractmethod
-    def _extended(self, start: int) -> None:
-        """Tokens from position ``start`` on were appended."""
+    def _extended(self, start: int, prepared: object = None) -> None:
+        """Tokens from position ``start`` on were appended; ``prepared`` as in ``extend``."""
 
     @abstractmethod
     def _truncated(self, length: int) -> None:

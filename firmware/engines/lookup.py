@@ -26,17 +26,24 @@ class LookupState(EngineState):
         self._widths = tuple(4 * n for n in range(min_n, max_n + 1))
         self.index: dict[bytes, int] = {}
 
-    def _extended(self, start: int) -> None:
-        end = len(self.context) >> 2
-        base = max(0, start - self.max_n)
-        window = bytes(self.context[4 * base :])
-        update = self.index.update
+    def _entries(self, window: bytes, base: int, start: int, end: int) -> list[tuple[bytes, int]]:
+        """Index entries (the n-gram before position j -> j) for positions start..end-1;
+        ``window`` holds the tokens from position ``base`` on."""
+        out: list[tuple[bytes, int]] = []
         for w in self._widths:
             first = max(start, w >> 2)  # the n-gram before position j needs j >= n
             if first < end:
                 offsets = range(4 * (first - base), 4 * (end - base), 4)
-                # In order of j, so each n-gram keeps its latest position.
-                update(zip([window[o - w : o] for o in offsets], range(first, end), strict=True))
+                # In order of j, so that each n-gram keeps its latest position.
+                out += zip([window[o - w : o] for o in offsets], range(first, end), strict=True)
+        return out
+
+    def _extended(self, start: int, prepared: object = None) -> None:
+        if prepared is None:
+            base = max(0, start - self.max_n)
+            window = bytes(self.context[4 * base :])
+            prepared = self._entries(window, base, start, len(self.context) >> 2)
+        self.index.update(prepared)  # type: ignore[call-overload]
 
     def _truncated(self, length: int) -> None:
         self.index = {}
@@ -45,7 +52,11 @@ class LookupState(EngineState):
     def propose(self, k: int, branch: bytes = b"") -> Proposal:
         ctx = self.context
         n_ctx = len(ctx) >> 2
-        tail = bytes(ctx[-4 * self.max_n :]) + branch if ctx else branch
+        base = max(0, n_ctx - self.max_n)
+        tail = bytes(ctx[4 * base :]) + branch
+        # Drafting ahead on a branch also prepares the index entries that committing exactly
+        # that branch adds, so that a prefetch hit commits without recomputing them.
+        prepared = self._entries(tail, base, n_ctx, n_ctx + (len(branch) >> 2)) if branch else None
         index = self.index
         for w in reversed(self._widths):
             if len(tail) < w:
@@ -54,12 +65,12 @@ class LookupState(EngineState):
             if j is not None:
                 break
         else:
-            return Proposal(b"")
+            return Proposal(b"", None, prepared)
         need = 4 * k
         if j + k <= n_ctx:
-            return Proposal(bytes(ctx[4 * j : 4 * j + need]))
+            return Proposal(bytes(ctx[4 * j : 4 * j + need]), None, prepared)
         src = bytes(ctx[4 * j :]) + branch
-        return Proposal((src * (need // len(src) + 1))[:need])
+        return Proposal((src * (need // len(src) + 1))[:need], None, prepared)
 
 
 class LookupEngine(DraftEngine):

@@ -1,0 +1,206 @@
+"""The construct schema (the formal definition) and the struct codec (what runs) agree on the
+bytes of every message, both ways."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol import schema
+from exstill_sdk.protocol.constants import RESPONSE_BIT, Opcode
+from exstill_sdk.protocol.frame import decode_frame, encode_frame
+
+from .strategies import (
+    commits,
+    draft_replies,
+    errors,
+    hello_replies,
+    hello_requests,
+    open_replies,
+    open_requests,
+    stats,
+    token_lists,
+)
+
+
+def _hello_reply_dict(r: m.HelloReply) -> dict:
+    d = {k: getattr(r, k) for k in r.__dataclass_fields__}
+    d["engines"] = list(r.engines)
+    d["targets"] = [
+        {"name": t.name, "vocab_size": t.vocab_size, "tokenizer_sha256": t.tokenizer_sha256}
+        for t in r.targets
+    ]
+    return d
+
+
+def _draft_dict(r: m.DraftReply) -> dict:
+    return {
+        "flags": {"reserved": 0, "has_dist": r.dists is not None, "prefetch_hit": r.prefetch_hit},
+        "count": len(r.tokens),
+        "tokens": list(r.tokens),
+        "dists": None
+        if r.dists is None
+        else [
+            {"n": len(d.tokens), "tokens": list(d.tokens), "weights": list(d.weights)}
+            for d in r.dists
+        ],
+    }
+
+
+def _plain(value):
+    """A construct parse result as plain Python, for comparison."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if not k.startswith("_")}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+CASES = [
+    (
+        hello_requests,
+        m.encode_hello_request,
+        schema.HELLO_REQUEST,
+        lambda r: {"min_version": r.min_version, "max_version": r.max_version, "client": r.client},
+    ),
+    (hello_replies, m.encode_hello_reply, schema.HELLO_REPLY, _hello_reply_dict),
+    (
+        stats,
+        m.encode_stats_reply,
+        schema.STATS_REPLY,
+        lambda s: {"counters": [{"name": k, "value": v} for k, v in s.items()]},
+    ),
+    (
+        open_replies,
+        m.encode_open_reply,
+        schema.OPEN_REPLY,
+        lambda r: {"handle": r.handle, "context": r.context, "max_k": r.max_k},
+    ),
+    (
+        commits,
+        m.encode_commit_request,
+        schema.COMMIT_REQUEST,
+        lambda c: {"accepted": c.accepted, "next_k": c.next_k, "bonus": c.bonus},
+    ),
+    (draft_replies(), m.encode_draft_reply, schema.DRAFT_REPLY, _draft_dict),
+    (
+        errors,
+        m.encode_error_reply,
+        schema.ERROR_REPLY,
+        lambda e: {"code": e.code, "message": e.message},
+    ),
+    (token_lists, m.encode_tokens, schema.TOKENS, lambda t: {"tokens": list(t)}),
+    (st.integers(0, 2**32 - 1), m.encode_u32, schema.LENGTH, lambda n: {"length": n}),
+    (st.integers(0, 255), m.encode_u8, schema.DRAFT_REQUEST, lambda k: {"k": k}),
+]
+
+
+@pytest.mark.parametrize("strategy,encode,formal,as_dict", CASES)
+def test_struct_and_construct_agree(strategy, encode, formal, as_dict) -> None:
+    @given(strategy)
+    def check(message) -> None:
+        raw = encode(message)
+        assert formal.build(as_dict(message)) == raw
+        assert _plain(formal.parse(raw)) == _plain(as_dict(message))
+
+    check()
+
+
+@given(open_requests)
+def test_open_request_agrees(req: m.OpenRequest) -> None:
+    raw = m.encode_open_request(req)
+    parsed = schema.OPEN_REQUEST.parse(raw)
+    assert schema.OPEN_REQUEST.build(parsed) == raw
+    assert m.decode_open_request(raw) == m.OpenRequest(
+        parsed.kind,
+        parsed.name,
+        parsed.wire_mode,
+        parsed.max_k,
+        parsed.top_k,
+        parsed.temperature,
+        parsed.top_p,
+        parsed.seed,
+    )
+
+
+@given(
+    st.integers(0, 255), st.integers(0, 0xFFFF), st.integers(0, 2**32 - 1), st.binary(max_size=64)
+)
+def test_frames_agree(op: int, rid: int, handle: int, payload: bytes) -> None:
+    raw = encode_frame(op, rid, handle, payload)
+    parsed = schema.FRAME.parse(raw)
+    assert (parsed.header.opcode, parsed.header.request_id, parsed.header.handle) == (
+        op,
+        rid,
+        handle,
+    )
+    assert parsed.payload == payload
+    built = schema.FRAME.build(
+        {
+            "header": {
+                "version": 1,
+                "opcode": op,
+                "request_id": rid,
+                "handle": handle,
+                "length": len(payload),
+            },
+            "payload": payload,
+        }
+    )
+    assert built == raw
+    assert decode_frame(built).payload == payload
+
+
+def test_describe_frame_names_fields() -> None:
+    raw = encode_frame(
+        Opcode.COMMIT, 9, 0x01020304, m.encode_commit_request(m.CommitRequest(3, 77, 6))
+    )
+    d = schema.describe_frame(raw)
+    assert d["op"] == "COMMIT" and d["rid"] == 9 and d["bonus"] == 77 and d["accepted"] == 3
+    reply = encode_frame(
+        Opcode.COMMIT | RESPONSE_BIT, 9, 1, m.encode_draft_reply(m.DraftReply((5, 6)))
+    )
+    assert schema.describe_frame(reply)["tokens"] == [5, 6]
+    assert "error" in schema.describe_frame(b"\x01\x02")
+
+
+ACCEPTANCE = [
+    (m.decode_commit_request, schema.COMMIT_REQUEST),
+    (m.decode_draft_reply, schema.DRAFT_REPLY),
+    (m.decode_u8, schema.DRAFT_REQUEST),
+    (m.decode_u32, schema.LENGTH),
+    (m.decode_tokens, schema.TOKENS),
+    (m.decode_open_request, schema.OPEN_REQUEST),
+    (m.decode_open_reply, schema.OPEN_REPLY),
+    (m.decode_hello_request, schema.HELLO_REQUEST),
+    (m.decode_hello_reply, schema.HELLO_REPLY),
+    (m.decode_stats_reply, schema.STATS_REPLY),
+]
+
+
+@pytest.mark.parametrize("decode,formal", ACCEPTANCE)
+def test_both_accept_and_reject_the_same_bytes(decode, formal) -> None:
+    import construct
+
+    from exstill_sdk import ProtocolError
+
+    @given(st.one_of(st.binary(max_size=80), draft_replies().map(m.encode_draft_reply)), st.data())
+    def check(raw: bytes, data) -> None:
+        if raw and data.draw(st.booleans()):
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw = raw[:i] + bytes([data.draw(st.integers(0, 255))]) + raw[i + 1 :]
+        try:
+            decode(raw)
+            struct_ok = True
+        except ProtocolError:
+            struct_ok = False
+        try:
+            formal.parse(raw)
+            formal_ok = True
+        except (construct.ConstructError, UnicodeDecodeError):
+            formal_ok = False
+        assert struct_ok == formal_ok
+
+    check()

@@ -1,0 +1,218 @@
+"""The client API on the in-process emulator and over real TCP sockets."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from exstill_firmware.emulator import TcpCardServer
+
+from exstill_sdk import (
+    CardFullError,
+    ContextFullError,
+    ExstillError,
+    InvalidArgumentError,
+    LinkTimeoutError,
+    StreamHandleError,
+    UnknownModelError,
+    WireMode,
+    open_card,
+)
+from exstill_sdk.protocol.constants import Features
+
+
+def test_info_and_stats() -> None:
+    with open_card("emu://?streams=5&context=2048&max_k=8") as card:
+        info = card.info()
+        assert (info.slots, info.context, info.max_k, info.protocol_version) == (5, 2048, 8, 1)
+        assert info.engines == ("lookup",) and WireMode.DIST in info.wire_modes
+        assert info.features & Features.PREFETCH
+        assert card.stats()["streams_open"] == 0
+        assert card.ping(b"abc") > 0
+
+
+def test_stream_lifecycle() -> None:
+    with open_card("emu://") as card, card.open_stream() as s:
+        prompt = [7, 8, 9, 10] * 3000  # 12,000 tokens: several PREFILL frames
+        assert s.prefill(prompt) == 12000 == s.length
+        d = s.draft(5)
+        assert d.tokens == (7, 8, 9, 10, 7) and not d.prefetch_hit
+        d = s.commit(5, 8, 3)
+        assert s.length == 12006 and d.tokens == (9, 10, 7)
+        assert s.rollback(11999) == 11999 == s.length
+        assert s.draft(2).tokens == (10, 7)
+        assert card.stats()["rounds"] == 1
+    with open_card("emu://") as card:
+        s = card.open_stream()
+        s.close()
+        s.close()  # twice is fine
+        with pytest.raises(ExstillError, match="closed"):
+            s.draft(1)
+
+
+def test_client_side_checks_do_not_touch_the_card() -> None:
+    with open_card("emu://?max_k=8&context=64") as card, card.open_stream() as s:
+        s.prefill([1, 2, 3, 1, 2])
+        d = s.draft(3)
+        with pytest.raises(InvalidArgumentError):
+            s.commit(len(d.tokens) + 1, 5, 3)
+        with pytest.raises(InvalidArgumentError):
+            s.commit(0, -1, 3)
+        with pytest.raises(InvalidArgumentError):
+            s.draft(300)
+        with pytest.raises(InvalidArgumentError):
+            s.rollback(99)
+        with pytest.raises(InvalidArgumentError):
+            s.prefill([1] * 100)
+        # and the card-side checks arrive as the same typed errors
+        with pytest.raises(InvalidArgumentError) as info:
+            s.draft(9)
+        assert info.value.code == 0x08
+        assert s.commit(len(d.tokens), 1, 2).tokens is not None
+
+
+def test_card_errors_are_typed() -> None:
+    with open_card("emu://?streams=2&context=32") as card:
+        with pytest.raises(UnknownModelError, match="lookup"):
+            card.open_stream("missing")
+        with pytest.raises(UnknownModelError):
+            card.open_stream(target="llama")
+        a, b = card.open_stream(), card.open_stream()
+        with pytest.raises(CardFullError, match="close"):
+            card.open_stream()
+        a.prefill([1] * 30)
+        d = a.draft(4)
+        with pytest.raises(ContextFullError, match="32-token slot"):
+            a.commit(len(d.tokens), 1, 4)  # 30 + 4 + 1 > 32
+        assert a.commit(1, 1, 0).tokens == ()  # the stream is intact: 32 tokens now
+        a.close()
+        card.open_stream()
+        b.close()
+
+
+def test_foreign_handle_is_refused_over_tcp(tcp_server: TcpCardServer) -> None:
+    with open_card(tcp_server.url) as alice, open_card(tcp_server.url) as mallory:
+        s = alice.open_stream()
+        s.prefill([4, 5, 6, 4, 5])
+        stolen = mallory.open_stream()
+        stolen.handle = s.handle
+        with pytest.raises(StreamHandleError, match="not open on this connection"):
+            stolen.draft(2)
+        with pytest.raises(StreamHandleError):
+            stolen.close()
+        assert s.draft(2).tokens == (6, 4)
+
+
+def test_disconnect_frees_streams(tcp_server: TcpCardServer) -> None:
+    card = open_card(tcp_server.url)
+    for _ in range(12):
+        card.open_stream()
+    card.close()
+    deadline = time.monotonic() + 5
+    with open_card(tcp_server.url) as other:
+        while other.stats()["streams_open"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert other.stats()["streams_open"] == 0
+        other.open_stream()
+
+
+def test_many_threads_pipeline_over_one_link(tcp_server: TcpCardServer) -> None:
+    """12 threads, one stream each, share one TCP connection; every reply reaches its owner."""
+    errors: list[BaseException] = []
+    with open_card(tcp_server.url) as card:
+
+        def worker(i: int) -> None:
+            try:
+                pattern = [100 * i + j for j in range(5)]
+                with card.open_stream() as s:
+                    s.prefill(pattern * 2)
+                    d = s.draft(4)
+                    for _ in range(200):
+                        assert d.tokens == tuple(pattern[: len(d.tokens)])
+                        assert len(d.tokens) == 4
+                        d = s.commit(4, pattern[4], 4)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert card.stats()["rounds"] == 12 * 200
+        assert card.dropped_replies == 0
+
+
+def test_late_reply_is_dropped_and_stream_resyncs(tcp_server: TcpCardServer) -> None:
+    with open_card(tcp_server.url) as card, card.open_stream() as s:
+        s.prefill([1, 2, 3, 4, 1, 2, 3, 4, 1])
+        d = s.draft(3)
+        with pytest.raises(LinkTimeoutError):
+            s.commit(3, 1, 3, timeout=1e-6)  # the card applies it; the reply comes too late
+        # The next call resynchronises (rollback to the host's length) and works.
+        d = s.draft(3)
+        assert s.length == 9 and d.tokens == (2, 3, 4)
+        assert card.dropped_replies == 1
+        assert s.commit(3, 1, 3).tokens == (2, 3, 4)
+
+
+class _DuplicatingProxy:
+    """A real TCP proxy that sends every byte from the card to the client twice."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.upstream = upstream
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        client, _ = self.listener.accept()
+        card = socket.create_connection(self.upstream)
+
+        def pump(src: socket.socket, dst: socket.socket, copies: int) -> None:
+            while data := src.recv(65536):
+                for _ in range(copies):
+                    dst.sendall(data)
+            dst.close()
+
+        threading.Thread(target=pump, args=(client, card, 1), daemon=True).start()
+        pump(card, client, 2)
+
+
+def test_duplicate_replies_are_dropped(tcp_server: TcpCardServer) -> None:
+    proxy = _DuplicatingProxy((tcp_server.host, tcp_server.port))
+    with open_card(proxy.url) as card, card.open_stream() as s:
+        pattern = [9, 8, 7]
+        s.prefill(pattern * 2)
+        d = s.draft(3)
+        for _ in range(20):
+            assert d.tokens == tuple(pattern[(s.length + i) % 3] for i in range(3))
+            d = s.commit(3, pattern[s.length % 3], 3)
+        assert card.dropped_replies >= 20
+
+
+def test_bad_urls() -> None:
+    from exstill_sdk import BadURLError, DeviceNotFoundError
+
+    for url in ["nope://x", "emu://?streams=x", "emu://?bogus=1", "emu://host", "tcp://h", "x"]:
+        with pytest.raises(BadURLError):
+            open_card(url)
+    with pytest.raises(UnknownModelError):
+        open_card("emu://?engine=magic")
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    with pytest.raises(DeviceNotFoundError, match="exstill-emu"):
+        open_card(f"tcp://127.0.0.1:{port}")
+
+
+def test_trace_logs_decoded_frames(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("DEBUG", logger="exstill_sdk.trace")
+    with open_card("emu://", trace=True) as card, card.open_stream() as s:
+        s.prefill([1, 2, 1])
+    text = caplog.text
+    assert "'op': 'HELLO'" in text and "'op': 'PREFILL reply'" in text and "'length': 3" in text

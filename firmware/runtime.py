@@ -307,23 +307,25 @@ class CardRuntime:
         committed = pending[: accepted << 2] + payload[2:6]
         pf = stream.prefetch
         hit = (
-            pf is not None
+            pf
+            if pf is not None
             and pf.version == stream.version
             and pf.branch == committed
             and len(pf.tokens) >= next_k << 2
+            else None
         )
         if stream.prefetch_scheduled:
-            if hit:
+            if hit is not None:
                 t.prefetch_hits += 1
             elif pf is None or pf.version != stream.version:
                 t.prefetch_late += 1
             else:
                 t.prefetch_misses += 1
         stream.begin_change()
-        state.extend(committed, pf.prepared if hit else None)
+        state.extend(committed, hit.prepared if hit is not None else None)
         stream.end_change()
-        if hit:
-            return self._serve(stream, next_k, pf.tokens, pf.dists, DraftFlags.PREFETCH_HIT)
+        if hit is not None:
+            return self._serve(stream, next_k, hit.tokens, hit.dists, DraftFlags.PREFETCH_HIT)
         return self._draft_reply(stream, next_k)
 
     # ------------------------------------------------------------ drafting

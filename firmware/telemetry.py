@@ -37,7 +37,7 @@ class Telemetry:
         self.prefetch_misses = 0
         self.prefetch_late = 0
         self.streams_opened = 0
-        self.errors = dict.fromkeys(WIRE_ERRORS, 0)
+        self.errors: dict[int, int] = dict.fromkeys(WIRE_ERRORS, 0)
 
     def snapshot(self, streams_open: int) -> dict[str, int]:
         out = {
@@ -54,5 +54,5 @@ class Telemetry:
             "streams_open": streams_open,
             "streams_opened": self.streams_opened,
         }
-        out.update({f"errors.{c.name.lower()}": n for c, n in self.errors.items()})
+        out.update({f"errors.{ErrorCode(c).name.lower()}": n for c, n in self.errors.items()})
         return out

@@ -77,11 +77,11 @@ def placed(placement: str, server_pid: int | None) -> Iterator[tuple[set[int] | 
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
     mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    cpus = sorted(mine) if mine else []
-    if placement == "none" or server_pid is None or not cpus:
+    if placement == "none" or server_pid is None or not mine:
         why = "" if placement == "none" else " (card server process not found or no affinity API)"
         yield None, "none" + why
         return
+    cpus = sorted(mine)
     if placement == "cross-core" and len(cpus) < 2:
         placement = "same-core"
     client_cpu = cpus[0]

@@ -35,7 +35,7 @@ class Deframer:
         self._discarding = False
         self.dropped = 0
 
-    def feed(self, chunk: bytes) -> list[bytes]:
+    def feed(self, chunk: bytes | bytearray) -> list[bytes]:
         if not self._pending and not self._discarding and chunk[-1:] == DELIMITER:
             # Fast path: the chunk holds whole frames and nothing is pending.
             parts = chunk.split(DELIMITER)
@@ -61,7 +61,7 @@ class Deframer:
             if frame is not None:
                 frames.append(frame)
 
-    def _decode(self, text: bytes) -> bytes | None:
+    def _decode(self, text: bytes | bytearray) -> bytes | None:
         if not text:
             return None  # back-to-back delimiters are idle fill, not a frame
         if len(text) > MAX_ENCODED:

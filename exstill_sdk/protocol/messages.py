@@ -154,7 +154,7 @@ def decode_hello_reply(data: bytes) -> HelloReply:
     r = _Reader(data)
     (version,) = r.take(U8)
     firmware = r.str8()
-    fixed = r.take(HELLO_REPLY_FIXED)
+    slots, context, max_k, wire_modes, features, max_payload = r.take(HELLO_REPLY_FIXED)
     (n_engines,) = r.take(U8)
     engines = tuple(r.str8() for _ in range(n_engines))
     (n_targets,) = r.take(U8)
@@ -164,7 +164,18 @@ def decode_hello_reply(data: bytes) -> HelloReply:
         vocab, sha = r.take(TARGET_FIXED)
         targets.append(TargetInfo(name, vocab, sha))
     r.end()
-    return HelloReply(version, firmware, *fixed, engines=engines, targets=tuple(targets))
+    return HelloReply(
+        version,
+        firmware,
+        slots,
+        context,
+        max_k,
+        wire_modes,
+        features,
+        max_payload,
+        engines=engines,
+        targets=tuple(targets),
+    )
 
 
 # ---------------------------------------------------------------- STATS

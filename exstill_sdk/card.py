@@ -320,6 +320,23 @@ class DraftStream:
             self._do_rollback(self.length)
             self._resync = False
 
+    def _exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes:
+        """The card's reply frame; a timeout leaves the card's state unknown, so the stream
+        resynchronises before its next request."""
+        try:
+            return self.card._exchange(frame, rid, opcode, timeout)
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+
+    def _request(self, opcode: Opcode, payload: bytes, timeout: float | None) -> bytes:
+        """A non-round request on this stream; the reply payload. Timeouts as in _exchange."""
+        try:
+            return self.card._request(opcode, payload, self.handle, timeout)
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+
     def prefill(self, tokens: list[int] | tuple[int, ...], timeout: float | None = None) -> int:
         """Append prompt tokens, in chunks that fit a frame; returns the new length."""
         self._guard()
@@ -331,12 +348,7 @@ class DraftStream:
         chunk = self.card._info.max_payload // 4
         for start in range(0, len(tokens), chunk):
             part = m.encode_tokens(tokens[start : start + chunk])
-            try:
-                reply = self.card._request(Opcode.PREFILL, part, self.handle, timeout)
-            except LinkTimeoutError:
-                self._resync = True
-                raise
-            self.length = m.decode_u32(reply)
+            self.length = m.decode_u32(self._request(Opcode.PREFILL, part, timeout))
         self.last_draft = ()
         return self.length
 
@@ -351,11 +363,7 @@ class DraftStream:
         except struct.error:
             card._pending.discard(rid)
             raise InvalidArgumentError(f"K must be 0..255, not {k!r}") from None
-        try:
-            result = _parse_draft(card._exchange(frame, rid, Opcode.DRAFT, timeout))
-        except LinkTimeoutError:
-            self._resync = True
-            raise
+        result = _parse_draft(self._exchange(frame, rid, Opcode.DRAFT, timeout))
         self.last_draft = result.tokens
         return result
 
@@ -383,22 +391,13 @@ class DraftStream:
             raise InvalidArgumentError(
                 f"bonus must be a u32 token id and next K 0..255 (got {bonus!r}, {next_k!r})"
             ) from None
-        try:
-            result = _parse_draft(card._exchange(frame, rid, Opcode.COMMIT, timeout))
-        except LinkTimeoutError:
-            self._resync = True
-            raise
+        result = _parse_draft(self._exchange(frame, rid, Opcode.COMMIT, timeout))
         self.length += accepted + 1
         self.last_draft = result.tokens
         return result
 
     def _do_rollback(self, length: int, timeout: float | None = None) -> int:
-        try:
-            reply = self.card._request(Opcode.ROLLBACK, m.encode_u32(length), self.handle, timeout)
-        except LinkTimeoutError:
-            self._resync = True
-            raise
-        self.length = m.decode_u32(reply)
+        self.length = m.decode_u32(self._request(Opcode.ROLLBACK, m.encode_u32(length), timeout))
         self.last_draft = ()
         return self.length
 

@@ -55,6 +55,11 @@ class InvalidArgumentError(ExstillError, ValueError):
     code = ErrorCode.BAD_ARGUMENT
 
 
+class CheckpointError(InvalidArgumentError):
+    """A checkpoint that exstill-pack cannot turn into a card image: unsupported family or
+    option, missing files, inconsistent tensors. The message names what is supported."""
+
+
 class UnknownModelError(ExstillError, LookupError):
     """The card has no engine or target of that name."""
 
@@ -65,6 +70,19 @@ class CardInternalError(ExstillError):
     """The card failed while serving a request; the request had no effect on other streams."""
 
     code = ErrorCode.INTERNAL
+
+
+class ImageError(ExstillError):
+    """A card image is malformed, inconsistent, or fails its digest; the message names the
+    problem (the field, the offset, the tensor)."""
+
+    code = ErrorCode.BAD_IMAGE
+
+
+class ImageSignatureError(ImageError):
+    """A card image's signature is missing, made by an untrusted key, or does not verify."""
+
+    code = ErrorCode.BAD_SIGNATURE
 
 
 class TransportError(ExstillError, OSError):
@@ -104,6 +122,8 @@ _CLASS_FOR_CODE: dict[int, type[ExstillError]] = {
     ErrorCode.UNKNOWN_MODEL: UnknownModelError,
     ErrorCode.BAD_ARGUMENT: InvalidArgumentError,
     ErrorCode.INTERNAL: CardInternalError,
+    ErrorCode.BAD_IMAGE: ImageError,
+    ErrorCode.BAD_SIGNATURE: ImageSignatureError,
     ErrorCode.TIMEOUT: LinkTimeoutError,
     ErrorCode.LINK: TransportError,
     ErrorCode.DEVICE_NOT_FOUND: DeviceNotFoundError,

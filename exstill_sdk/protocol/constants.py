@@ -54,6 +54,8 @@ class ErrorCode(IntEnum):
     UNKNOWN_MODEL = 0x0A
     BAD_ARGUMENT = 0x0B
     INTERNAL = 0x0C
+    BAD_IMAGE = 0x0D
+    BAD_SIGNATURE = 0x0E
     # Host side only: never sent on the wire.
     TIMEOUT = 0x100
     LINK = 0x101

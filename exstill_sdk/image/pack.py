@@ -1,0 +1,128 @@
+"""Packing: an HF checkpoint in, a card image out (what ``exstill-pack`` runs)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from tqdm import tqdm
+
+from exstill_sdk.errors import CheckpointError
+from exstill_sdk.image.checkpoint import Checkpoint, read_checkpoint
+from exstill_sdk.image.format import DType
+from exstill_sdk.image.quantize import quantize_rows
+from exstill_sdk.image.tokenizer import fingerprint_to_metadata
+from exstill_sdk.image.writer import ImageWriter, TensorSpec, WrittenImage
+
+DTYPES = ("f32", "f16", "int8")
+_MATRIX_DTYPE = {"f32": DType.F32, "f16": DType.F16, "int8": DType.I8}
+F16_MAX = float(np.finfo(np.float16).max)
+
+
+@dataclass(frozen=True)
+class PackResult:
+    image: WrittenImage
+    target: str
+    dtype: str
+    tensors: int
+    parameters: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.image.path),
+            "target": self.target,
+            "dtype": self.dtype,
+            "size": self.image.size,
+            "tensors": self.tensors,
+            "parameters": self.parameters,
+            "digest": self.image.digest.hex(),
+            "signed": self.image.key_id is not None,
+            "key_id": self.image.key_id.hex() if self.image.key_id else None,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _specs(ckpt: Checkpoint, dtype: str) -> list[TensorSpec]:
+    specs = []
+    for name, shape in ckpt.config.tensor_shapes().items():
+        if len(shape) == 2:
+            specs.append(TensorSpec(name, _MATRIX_DTYPE[dtype], shape))
+            if dtype == "int8":
+                specs.append(TensorSpec(name + ".scale", DType.F32, shape[:1]))
+        else:
+            specs.append(TensorSpec(name, DType.F32, shape))
+    return specs
+
+
+def _convert(name: str, value: np.ndarray, dtype: str) -> list[tuple[str, np.ndarray]]:
+    """The image tensors for one checkpoint tensor: vectors stay float32; matrices become
+    ``dtype`` (int8 adds a per-row scale)."""
+    if value.ndim != 2 or dtype == "f32":
+        return [(name, np.ascontiguousarray(value, dtype="<f4"))]
+    if dtype == "f16":
+        if value.dtype != np.float16 and np.abs(value).max(initial=0) > F16_MAX:
+            raise CheckpointError(f"{name} has values beyond float16's range; pack as f32")
+        return [(name, np.ascontiguousarray(value, dtype="<f2"))]
+    q, scale = quantize_rows(value)
+    return [(name, q), (name + ".scale", scale)]
+
+
+def pack_checkpoint(
+    directory: str | Path,
+    output: str | Path,
+    target: str,
+    dtype: str = "f32",
+    *,
+    image_version: str = "1",
+    signing_key: Ed25519PrivateKey | None = None,
+    tokenizer: str | Path | None = None,
+    progress: bool = False,
+) -> PackResult:
+    if dtype not in DTYPES:
+        raise CheckpointError(
+            f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}"
+        )
+    if not target or len(target.encode()) > 64:
+        raise CheckpointError("the target name must be 1..64 bytes")
+    start = time.perf_counter()
+    ckpt = read_checkpoint(directory, tokenizer)
+    from exstill_sdk import __version__
+
+    metadata: dict[str, Any] = {
+        "image.target": target,
+        "image.version": image_version,
+        "image.created_by": f"exstill-pack {__version__}",
+        "quant.dtype": dtype,
+        **ckpt.config.to_metadata(),
+        **fingerprint_to_metadata(ckpt.tokenizer),
+    }
+    if dtype == "int8":
+        metadata["quant.scheme"] = "symmetric-per-row"
+    specs = _specs(ckpt, dtype)
+    writer = ImageWriter(output, metadata, specs)
+    bar = tqdm(
+        total=writer.total_size,
+        unit="B",
+        unit_scale=True,
+        desc=f"packing {target}",
+        disable=not progress,
+        leave=False,
+    )
+    try:
+        for name, load in ckpt.load():
+            for out_name, array in _convert(name, load(), dtype):
+                writer.write(out_name, array)
+                bar.update(array.nbytes)
+        written = writer.finish(signing_key)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    parameters = sum(int(np.prod(s.shape)) for s in specs if not s.name.endswith(".scale"))
+    return PackResult(written, target, dtype, len(specs), parameters, time.perf_counter() - start)

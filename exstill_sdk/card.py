@@ -37,6 +37,7 @@ from exstill_sdk.protocol.constants import (
     Features,
     ModelKind,
     Opcode,
+    OpenFlags,
     WireMode,
 )
 from exstill_sdk.protocol.frame import CRC, HEADER, seal
@@ -253,10 +254,13 @@ class Card:
         seed: int = 0,
         max_k: int | None = None,
         wire_mode: WireMode = WireMode.TOKENS,
+        long_context: bool = False,
     ) -> DraftStream:
         """Open a stream on a built-in engine or a target image (default: the card's first
         engine). Temperature 0 drafts greedily; otherwise the card samples with these
-        parameters from a generator seeded with ``seed``."""
+        parameters from a generator seeded with ``seed``. ``long_context`` lets a target
+        stream's context outgrow its slot (the card keeps attention sinks and a sliding
+        window; see docs/emulator.md)."""
         if engine is not None and target is not None:
             raise InvalidArgumentError("open a stream on an engine or on a target, not both")
         if target is not None:
@@ -276,9 +280,11 @@ class Card:
             temperature=temperature,
             top_p=top_p,
             seed=seed,
+            flags=OpenFlags.LONG_CONTEXT if long_context else 0,
         )
         reply = m.decode_open_reply(self._request(Opcode.OPEN, m.encode_open_request(req)))
-        return DraftStream(self, reply.handle, reply.context, reply.max_k, name)
+        capacity = (1 << 62) if long_context else reply.context
+        return DraftStream(self, reply.handle, capacity, reply.max_k, name)
 
     def close(self) -> None:
         if not self._closed:

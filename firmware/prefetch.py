@@ -50,8 +50,7 @@ class Prefetcher:
     def run_pending(self) -> int:
         """Draft ahead for every stream with a pending job; the number of jobs run."""
         latest = self._drain(None)
-        for job in latest.values():
-            self._draft_ahead(*job)
+        self._draft_ahead(list(latest.values()))
         return len(latest)
 
     def close(self) -> None:
@@ -81,18 +80,24 @@ class Prefetcher:
             job = self._queue.get()
             if job is None:
                 return
-            for pending in self._drain(job).values():
-                self._draft_ahead(*pending)
+            self._draft_ahead(list(self._drain(job).values()))
 
     @staticmethod
-    def _draft_ahead(stream: Stream, version: int, branch: bytes, k: int) -> None:
-        if stream.version != version or stream.closed:
-            return
-        try:
-            proposal = stream.state.propose(k + 1, branch)
-        except Exception:  # state changed under us; the version check below discards it anyway
-            return
-        if stream.version == version:
-            stream.prefetch = PrefetchResult(
-                version, branch, proposal.tokens, proposal.dists, proposal.prepared
-            )
+    def _draft_ahead(jobs: list[Job]) -> None:
+        """Draft k+1 tokens after each job's branch, one batch per engine."""
+        by_engine: dict[int, list[Job]] = {}
+        for job in jobs:
+            stream, version = job[0], job[1]
+            if stream.version == version and not stream.closed:
+                by_engine.setdefault(id(stream.engine), []).append(job)
+        for group in by_engine.values():
+            engine = group[0][0].engine
+            try:
+                proposals = engine.propose_many([(s.state, k + 1, b) for s, _, b, k in group])
+            except Exception:  # state changed under us; the version check discards it anyway
+                continue
+            for (stream, version, branch, _), proposal in zip(group, proposals, strict=True):
+                if stream.version == version:
+                    stream.prefetch = PrefetchResult(
+                        version, branch, proposal.tokens, proposal.dists, proposal.prepared
+                    )

@@ -27,6 +27,7 @@ from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import (
     CRC_SIZE,
     FRAME_OVERHEAD,
+    MAX_DIST_ENTRIES,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     RESPONSE_BIT,
@@ -35,6 +36,7 @@ from exstill_sdk.protocol.constants import (
     Features,
     ModelKind,
     Opcode,
+    OpenFlags,
     WireMode,
 )
 from exstill_sdk.protocol.frame import CRC, HEADER, seal
@@ -231,21 +233,28 @@ class CardRuntime:
             raise InvalidArgumentError(f"temperature must be >= 0, not {req.temperature}")
         if not (0 < req.top_p <= 1):
             raise InvalidArgumentError(f"top-p must be in (0, 1], not {req.top_p}")
+        if req.flags & ~OpenFlags.LONG_CONTEXT:
+            raise InvalidArgumentError(f"unknown OPEN flags 0x{req.flags:02x}")
+        long_context = bool(req.flags & OpenFlags.LONG_CONTEXT)
         slot = self.streams.free_slot()
-        sampling = Sampling(req.temperature, req.top_k, req.top_p, req.seed)
+        dist = req.wire_mode == WireMode.DIST
+        sampling = Sampling(
+            req.temperature, req.top_k, req.top_p, req.seed, MAX_DIST_ENTRIES if dist else 0
+        )
         stream = Stream(
             slot=slot,
             handle=self.streams.new_handle(slot),
             session=session,
-            state=model.open_state(self.context, sampling),
+            engine=model,
+            state=model.open_state(self.context, sampling, long_context),
             sampling=sampling,
-            capacity=self.context,
+            capacity=1 << 62 if long_context else self.context,
             max_k=max_k,
-            dist=req.wire_mode == WireMode.DIST,
+            dist=dist,
         )
         self.streams.add(stream)
         self.telemetry.streams_opened += 1
-        return m.encode_open_reply(m.OpenReply(stream.handle, stream.capacity, max_k))
+        return m.encode_open_reply(m.OpenReply(stream.handle, self.context, max_k))
 
     def _close(self, session: Session, handle: int, payload: bytes) -> bytes:
         self.streams.remove(self.streams.get(session, handle))
@@ -271,8 +280,10 @@ class CardRuntime:
             )
         stream.begin_change()
         stream.pending = b""
-        stream.state.truncate(length)
-        stream.end_change()
+        try:
+            stream.state.truncate(length)  # may refuse (long context: evicted tokens)
+        finally:
+            stream.end_change()
         return m.U32.pack(length)
 
     def _draft(self, session: Session, handle: int, payload: bytes) -> bytes:
@@ -299,7 +310,7 @@ class CardRuntime:
         if next_k > stream.max_k:
             self._check_k(stream, next_k)
         state = stream.state
-        if (len(state.context) >> 2) + accepted + 1 > stream.capacity:
+        if state.length + accepted + 1 > stream.capacity:
             self._check_room(stream, accepted + 1)
         t = self.telemetry
         t.rounds += 1

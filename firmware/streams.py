@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from exstill_sdk.errors import CardFullError, StreamHandleError
 
-from .engines.base import EngineState, Sampling
+from .engines.base import DraftEngine, EngineState, Sampling
 
 if TYPE_CHECKING:
     from .prefetch import PrefetchResult
@@ -37,6 +37,7 @@ class Stream:
         "capacity",
         "closed",
         "dist",
+        "engine",
         "guess",
         "handle",
         "max_k",
@@ -56,6 +57,7 @@ class Stream:
         slot: int,
         handle: int,
         session: Session,
+        engine: DraftEngine,
         state: EngineState,
         sampling: Sampling,
         capacity: int,
@@ -65,6 +67,7 @@ class Stream:
         self.slot = slot
         self.handle = handle
         self.session = session
+        self.engine = engine
         self.state = state
         self.sampling = sampling
         self.capacity = capacity
@@ -137,6 +140,7 @@ class StreamTable:
     def remove(self, stream: Stream) -> None:
         stream.closed = True
         stream.prefetch = None
+        stream.state.close()
         self.slots[stream.slot] = None
         del self.by_handle[stream.handle]
         stream.session.handles.discard(stream.handle)

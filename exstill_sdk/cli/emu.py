@@ -26,6 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="built-in engine to load (repeatable; default: lookup)",
     )
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        help="card image to load as a target (repeatable); checked in full first",
+    )
+    p.add_argument(
+        "--trusted-keys",
+        help="directory of trusted *.pub keys: refuse images not signed by one of them",
+    )
     p.add_argument("--max-k", type=int, default=16, help="largest K a stream may ask for")
     p.add_argument("--no-prefetch", action="store_true", help="disable next-draft prefetch")
     p.add_argument("--json", action="store_true", help="print the first line as JSON")
@@ -41,14 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         format="exstill-emu: %(message)s",
     )
     from exstill_firmware import CardRuntime
-    from exstill_firmware.emulator import TcpCardServer
-    from exstill_firmware.engines import builtin_engine
+    from exstill_firmware.emulator import TcpCardServer, build_engines
 
     listen = urlsplit(args.listen)
     try:
         if listen.scheme != "tcp" or not listen.hostname or listen.port is None:
             raise ExstillError(f"--listen wants tcp://HOST:PORT, not {args.listen!r}")
-        engines = [builtin_engine(name) for name in (args.engine or ["lookup"])]
+        engines = build_engines(
+            args.engine or ["lookup"], args.image, args.streams, args.context, args.trusted_keys
+        )
         runtime = CardRuntime(
             args.streams,
             args.context,

@@ -78,6 +78,12 @@ class WireMode(IntEnum):
     """Draft replies also carry, per position, the exact distribution the card sampled from."""
 
 
+class OpenFlags(IntFlag):
+    NONE = 0
+    LONG_CONTEXT = 0x01
+    """Keep drafting when the context outgrows the slot (attention sinks + sliding window)."""
+
+
 class DraftFlags(IntFlag):
     NONE = 0
     PREFETCH_HIT = 0x01

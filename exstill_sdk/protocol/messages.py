@@ -33,7 +33,7 @@ HELLO_REQUEST = struct.Struct("<BB")
 HELLO_REPLY_FIXED = struct.Struct(
     "<HIBBIH"
 )  # slots, context, max_k, wire_modes, features, max_payload
-OPEN_REQUEST = struct.Struct("<BBBHffQ")  # kind, wire_mode, max_k, top_k, temperature, top_p, seed
+OPEN_REQUEST = struct.Struct("<BBBBHffQ")  # kind, wire_mode, max_k, flags, top_k, temp, top_p, seed
 OPEN_REPLY = struct.Struct("<IIB")  # handle, context, max_k
 COMMIT_REQUEST = struct.Struct("<BBI")  # accepted, next_k, bonus
 DRAFT_REPLY_HEAD = struct.Struct("<BB")  # flags, count
@@ -211,6 +211,8 @@ class OpenRequest:
     """0 asks for the card's maximum."""
     top_k: int = 0
     """0 means no top-k truncation."""
+    flags: int = 0
+    """OpenFlags: LONG_CONTEXT keeps drafting past the slot (attention sinks + window)."""
     temperature: float = 0.0
     """0 means greedy (argmax) drafting."""
     top_p: float = 1.0
@@ -220,7 +222,7 @@ class OpenRequest:
 def encode_open_request(m: OpenRequest) -> bytes:
     try:
         fixed = OPEN_REQUEST.pack(
-            m.kind, m.wire_mode, m.max_k, m.top_k, m.temperature, m.top_p, m.seed
+            m.kind, m.wire_mode, m.max_k, m.flags, m.top_k, m.temperature, m.top_p, m.seed
         )
     except struct.error as exc:
         raise _bad(f"open request field out of range: {exc}") from None
@@ -229,10 +231,10 @@ def encode_open_request(m: OpenRequest) -> bytes:
 
 def decode_open_request(data: bytes) -> OpenRequest:
     r = _Reader(data)
-    kind, wire_mode, max_k, top_k, temperature, top_p, seed = r.take(OPEN_REQUEST)
+    kind, wire_mode, max_k, flags, top_k, temperature, top_p, seed = r.take(OPEN_REQUEST)
     name = r.str8()
     r.end()
-    return OpenRequest(kind, name, wire_mode, max_k, top_k, temperature, top_p, seed)
+    return OpenRequest(kind, name, wire_mode, max_k, top_k, flags, temperature, top_p, seed)
 
 
 @dataclass(frozen=True)

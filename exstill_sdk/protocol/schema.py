@@ -66,6 +66,7 @@ OPEN_REQUEST = c.Struct(
     "kind" / c.Int8ul,
     "wire_mode" / c.Int8ul,
     "max_k" / c.Int8ul,
+    "flags" / c.Int8ul,
     "top_k" / c.Int16ul,
     "temperature" / c.Float32l,
     "top_p" / c.Float32l,

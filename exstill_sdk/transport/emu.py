@@ -1,7 +1,8 @@
 """``emu://``: the card runtime in this process, behind the same frames as a real link.
 
 Query parameters: ``streams`` (slots, default 12), ``context`` (tokens per slot, 16384),
-``engine`` (comma-separated built-in engines, ``lookup``), ``max_k`` (16), ``prefetch`` (1/0).
+``engine`` (comma-separated built-in engines, ``lookup``), ``image`` (comma-separated card image
+paths, one target each), ``max_k`` (16), ``prefetch`` (1/0).
 A request is served inside ``send_frame`` on the caller's thread: no socket and no thread
 hand-off on the per-round path.
 """
@@ -32,7 +33,7 @@ class EmuTransport(Transport):
     @classmethod
     def from_url(cls, url: SplitResult, timeout: float) -> EmuTransport:
         from exstill_firmware import CardRuntime
-        from exstill_firmware.engines import builtin_engine
+        from exstill_firmware.emulator import build_engines
 
         if url.netloc or url.path not in ("", "/"):
             raise BadURLError(f"{url.geturl()!r}: the emulator URL is emu:// with ?options")
@@ -41,12 +42,14 @@ class EmuTransport(Transport):
         context = int_param(params, "context", 16384)
         max_k = int_param(params, "max_k", 16)
         prefetch = int_param(params, "prefetch", 1)
-        engines = [builtin_engine(n) for n in params.pop("engine", "lookup").split(",")]
+        names = params.pop("engine", "lookup").split(",")
+        images = [p for p in params.pop("image", "").split(",") if p]
         if params:
             raise BadURLError(
                 f"unknown emu:// option(s) {', '.join(params)}; known: streams, context, "
-                "engine, max_k, prefetch"
+                "engine, image, max_k, prefetch"
             )
+        engines = build_engines(names, images, slots, context)
         try:
             runtime = CardRuntime(slots, context, engines, max_k=max_k, prefetch=bool(prefetch))
         except ValueError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exstill_sdk.errors import UnknownModelError
 
-from .base import DraftEngine, EngineState, Proposal, Sampling
+from .base import ContextState, DraftEngine, EngineState, Proposal, Sampling
 from .lookup import LookupEngine
 
 BUILTIN_ENGINES: dict[str, type[DraftEngine]] = {"lookup": LookupEngine}
@@ -22,6 +22,7 @@ def builtin_engine(name: str) -> DraftEngine:
 
 __all__ = [
     "BUILTIN_ENGINES",
+    "ContextState",
     "DraftEngine",
     "EngineState",
     "LookupEngine",

@@ -7,9 +7,11 @@ context and from a proposal into the reply frame, without a per-token conversion
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.protocol.constants import ModelKind
 from exstill_sdk.protocol.messages import Distribution
 
@@ -22,6 +24,9 @@ class Sampling:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    max_entries: int = 0
+    """Most tokens the sampled distribution may keep (0: no limit). DIST wire mode sets 255,
+    so that the distribution sent is the whole distribution sampled from."""
 
     @property
     def greedy(self) -> bool:
@@ -39,9 +44,36 @@ class Proposal(NamedTuple):
 
 
 class EngineState(ABC):
-    """One stream's state inside an engine: its committed context and whatever the engine
-    derives from it. ``propose`` must only read state: the prefetch worker calls it while the
-    runtime may be serving other requests."""
+    """One stream's state inside an engine. ``propose`` may run on the prefetch worker while
+    the runtime serves other streams; an engine whose ``propose`` writes shared state (the
+    transformer's KV cache) serialises it itself."""
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Committed tokens (absolute, including any an engine has evicted)."""
+
+    @abstractmethod
+    def extend(self, tokens: bytes, prepared: object = None) -> None:
+        """Append committed tokens (u32 LE). ``prepared`` is a Proposal's ``prepared`` from
+        drafting after exactly these tokens on the unchanged context, or None."""
+
+    @abstractmethod
+    def truncate(self, length: int) -> None:
+        """Cut the committed context back to ``length`` tokens; raises (changing nothing) when
+        the engine cannot."""
+
+    @abstractmethod
+    def propose(self, k: int, branch: bytes = b"") -> Proposal:
+        """Draft up to ``k`` tokens after the context followed by ``branch`` (u32 LE tokens
+        not committed yet: the prefetch worker drafts ahead on a guessed outcome)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """The stream closed: release what the state holds."""
+
+
+class ContextState(EngineState):
+    """An engine state that keeps the whole committed context as u32 LE bytes."""
 
     def __init__(self) -> None:
         self.context = bytearray()
@@ -51,8 +83,6 @@ class EngineState(ABC):
         return len(self.context) >> 2
 
     def extend(self, tokens: bytes, prepared: object = None) -> None:
-        """Append committed tokens (u32 LE). ``prepared`` is a Proposal's ``prepared`` from
-        drafting after exactly these tokens on the unchanged context, or None."""
         start = len(self.context) >> 2
         self.context += tokens
         self._extended(start, prepared)
@@ -69,11 +99,6 @@ class EngineState(ABC):
     def _truncated(self, length: int) -> None:
         """The context was cut back to ``length`` tokens."""
 
-    @abstractmethod
-    def propose(self, k: int, branch: bytes = b"") -> Proposal:
-        """Draft up to ``k`` tokens after the context followed by ``branch`` (u32 LE tokens
-        not committed yet: the prefetch worker drafts ahead on a guessed outcome)."""
-
 
 class DraftEngine(ABC):
     """A named draft model the card can open streams on."""
@@ -83,7 +108,21 @@ class DraftEngine(ABC):
     vocab_size: int = 0
     """0 for engines that draft any token id (prompt lookup)."""
     tokenizer_sha256: bytes = bytes(32)
+    supports_long_context: bool = False
 
     @abstractmethod
-    def open_state(self, capacity: int, sampling: Sampling) -> EngineState:
+    def open_state(
+        self, capacity: int, sampling: Sampling, long_context: bool = False
+    ) -> EngineState:
         """A fresh per-stream state for a slot of ``capacity`` tokens."""
+
+    def propose_many(self, jobs: Sequence[tuple[EngineState, int, bytes]]) -> list[Proposal]:
+        """Draft for several streams at once (an engine may batch them); by default one by
+        one."""
+        return [state.propose(k, branch) for state, k, branch in jobs]
+
+    def check_long_context(self, long_context: bool) -> None:
+        if long_context and not self.supports_long_context:
+            raise InvalidArgumentError(
+                f"engine {self.name!r} has no long-context mode; open the stream without it"
+            )

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from exstill_sdk.errors import InvalidArgumentError
 
-from .base import DraftEngine, EngineState, Proposal, Sampling
+from .base import ContextState, DraftEngine, Proposal, Sampling
 
 
-class LookupState(EngineState):
+class LookupState(ContextState):
     def __init__(self, min_n: int, max_n: int) -> None:
         super().__init__()
         self.min_n = min_n
@@ -86,5 +86,8 @@ class LookupEngine(DraftEngine):
         self.min_n = min_n
         self.max_n = max_n
 
-    def open_state(self, capacity: int, sampling: Sampling) -> LookupState:
+    def open_state(
+        self, capacity: int, sampling: Sampling, long_context: bool = False
+    ) -> LookupState:
+        self.check_long_context(long_context)
         return LookupState(self.min_n, self.max_n)

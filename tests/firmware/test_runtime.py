@@ -7,7 +7,7 @@ import struct
 
 import pytest
 from exstill_firmware import CardRuntime
-from exstill_firmware.engines import DraftEngine, EngineState, LookupEngine, Proposal, Sampling
+from exstill_firmware.engines import ContextState, DraftEngine, LookupEngine, Proposal, Sampling
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -172,8 +172,10 @@ class ExplodingEngine(DraftEngine):
 
     name = "exploding"
 
-    def open_state(self, capacity: int, sampling: Sampling) -> EngineState:
-        class State(EngineState):
+    def open_state(
+        self, capacity: int, sampling: Sampling, long_context: bool = False
+    ) -> ContextState:
+        class State(ContextState):
             def _extended(self, start: int, prepared: object = None) -> None:
                 pass
 

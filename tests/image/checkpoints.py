@@ -24,7 +24,11 @@ def save_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:
     fast.save_pretrained(directory)
 
 
-def save_model(directory: Path, family: str, tie: bool = False, dtype: str = "float32") -> Path:
+def save_model(
+    directory: Path, family: str, tie: bool = False, dtype: str = "float32", scale: float = 0.02
+) -> Path:
+    """A tiny model; ``scale`` is the std of the noise added to every weight (larger values
+    make logits far from flat, which exactness tests want)."""
     pytest.importorskip("torch", reason="needs the hf extra: pip install -e '.[hf]'")
     import torch
     import transformers as tf
@@ -52,7 +56,7 @@ def save_model(directory: Path, family: str, tie: bool = False, dtype: str = "fl
     model = model_cls(config_cls(**common, **extra)).to(getattr(torch, dtype))
     with torch.no_grad():  # make every tensor distinctive (norms are all ones at init)
         for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+            p.add_(torch.randn_like(p) * scale)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     save_tokenizer(directory)

@@ -29,7 +29,7 @@ hello_replies = st.builds(
     targets=st.lists(targets, max_size=3).map(tuple),
 )
 stats = st.dictionaries(names, u64, max_size=10)
-open_requests = st.builds(m.OpenRequest, u8, names, u8, u8, u16, f32, f32, u64)
+open_requests = st.builds(m.OpenRequest, u8, names, u8, u8, u16, u8, f32, f32, u64)
 open_replies = st.builds(m.OpenReply, u32, u32, u8)
 commits = st.builds(m.CommitRequest, u8, u32, u8)
 token_lists = st.lists(u32, max_size=64)

@@ -119,6 +119,7 @@ def test_open_request_agrees(req: m.OpenRequest) -> None:
         parsed.wire_mode,
         parsed.max_k,
         parsed.top_k,
+        parsed.flags,
         parsed.temperature,
         parsed.top_p,
         parsed.seed,

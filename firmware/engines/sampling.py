@@ -1,0 +1,69 @@
+"""Choosing drafted tokens from logits: greedy argmax, or sampling from a distribution the card
+can send exactly.
+
+Sampled drafting shapes the logits as HF's samplers do (temperature, then top-k, then top-p),
+keeps at most ``max_entries`` tokens, quantises the probabilities to u16 integer weights, and
+only then samples, with integer arithmetic, from those weights: the distribution on the wire
+(tokens and weights, q(t) = w(t) / sum(w)) is exactly the one the token was drawn from.
+
+Randomness is counter-based: the draw for the token at absolute position p of a stream comes
+from Philox keyed by (seed, p). A seeded stream therefore drafts the same tokens however its
+drafts were scheduled (inline or prefetched, batched or not).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from exstill_sdk.protocol.messages import Distribution
+
+from .base import Sampling
+
+WEIGHT_SCALE = 65535
+
+
+def greedy(logits: np.ndarray) -> int:
+    return int(np.argmax(logits))
+
+
+def distribution(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, u16 weights) of the shaped, truncated and quantised distribution."""
+    scaled = logits.astype(np.float64) / s.temperature
+    keep = len(scaled)
+    if s.top_k:
+        keep = min(keep, s.top_k)
+    if s.max_entries:
+        keep = min(keep, s.max_entries)
+    if keep < len(scaled):
+        ids = np.argpartition(-scaled, keep - 1)[:keep]
+    else:
+        ids = np.arange(len(scaled))
+    ids = ids[np.argsort(-scaled[ids], kind="stable")]
+    p = np.exp(scaled[ids] - scaled[ids[0]])
+    p /= p.sum()
+    if s.top_p < 1.0:
+        # smallest prefix whose mass reaches top_p (HF keeps the token that crosses it)
+        cut = int(np.searchsorted(np.cumsum(p), s.top_p, side="left")) + 1
+        ids, p = ids[:cut], p[:cut] / p[:cut].sum()
+    weights = np.rint(p * WEIGHT_SCALE).astype(np.int64)
+    nonzero = weights > 0
+    if not nonzero.any():  # cannot happen for the top token, kept for safety
+        nonzero[0], weights[0] = True, 1
+    return ids[nonzero], weights[nonzero].astype(np.uint16)
+
+
+def draw(ids: np.ndarray, weights: np.ndarray, seed: int, position: int) -> int:
+    """One token from integer weights, with the stream's counter-based generator."""
+    cumulative = np.cumsum(weights, dtype=np.int64)
+    rng = np.random.Generator(np.random.Philox(key=[seed & (2**64 - 1), position]))
+    r = int(rng.integers(0, int(cumulative[-1])))
+    return int(ids[int(np.searchsorted(cumulative, r, side="right"))])
+
+
+def choose(logits: np.ndarray, s: Sampling, position: int) -> tuple[int, Distribution | None]:
+    """The drafted token for ``position`` and, when sampled, its distribution."""
+    if s.greedy:
+        return greedy(logits), None
+    ids, weights = distribution(logits, s)
+    token = draw(ids, weights, s.seed, position)
+    return token, Distribution(tuple(int(i) for i in ids), tuple(int(w) for w in weights))

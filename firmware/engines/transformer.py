@@ -1,0 +1,316 @@
+"""The transformer draft engine: the image's decoder in onnxruntime, many streams at once.
+
+Each stream owns one row of per-layer KV buffers ([rows, kv_heads, slot, head_dim], float32,
+allocated once); onnxruntime's attention appends to them in place, through IO bindings made once
+per row range, so a decode step copies no cache. Rollback is a length change. A stream
+remembers which tokens its cache holds (``cached``), including drafted tokens fed back while
+drafting, so committing an accepted prefix costs nothing and the next round starts with one
+forward step for the bonus token.
+
+Drafting several streams (``propose_many``, used by prefetch and by the benchmark) runs one
+batched step per drafted position over each run of adjacent rows: rows are handed out lowest
+first, so concurrent streams sit side by side.
+
+Long context (a stream opened with LONG_CONTEXT): when the window would overflow, the engine
+keeps ``sinks`` attention-sink tokens and the most recent tokens (StreamingLLM), dropping the
+oldest half of the rest; kept keys move to lower cache positions and are re-rotated by the
+shift, so positions stay those of the cache and memory stays constant. Drafts then depend only
+on the sinks and the window, not on the evicted text (docs/emulator.md).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from exstill_sdk.errors import ImageError, InvalidArgumentError
+from exstill_sdk.image.reader import CardImage
+from exstill_sdk.protocol.constants import ModelKind
+from exstill_sdk.protocol.messages import Distribution
+
+from .base import DraftEngine, EngineState, Proposal, Sampling
+from .onnx_graph import build_decoder
+from .rope import inverse_frequencies, rotate
+from .sampling import choose
+
+MAX_CHUNK = 256
+"""Longest run of tokens one prefill call feeds."""
+
+
+def _pack(tokens: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(tokens)}I", *tokens)
+
+
+def _common_prefix(a: bytes | bytearray, b: bytes | bytearray) -> int:
+    """Number of leading u32 tokens a and b share (C-speed slice compares, binary search)."""
+    va, vb = memoryview(a), memoryview(b)
+    n = min(len(a), len(b)) >> 2
+    if va[: 4 * n] == vb[: 4 * n]:
+        return n
+    lo, hi = 0, n  # a and b agree on lo tokens and differ within hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if va[: 4 * mid] == vb[: 4 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class TransformerEngine(DraftEngine):
+    kind = ModelKind.TARGET
+    supports_long_context = True
+
+    def __init__(
+        self,
+        image: CardImage,
+        rows: int = 12,
+        positions: int = 16384,
+        sinks: int = 4,
+        threads: int = 0,
+    ) -> None:
+        arch = image.arch
+        if arch.head_dim % 16:
+            raise ImageError(
+                f"head_dim {arch.head_dim} is not supported: the card's attention needs a "
+                "multiple of 16"
+            )
+        if not 1 <= rows <= 255 or positions < 16 or not 0 <= sinks < positions // 4:
+            raise ValueError("bad engine geometry (rows 1..255, positions >= 16, sinks < 1/4)")
+        self.image = image
+        self.arch = arch
+        self.name = image.target
+        self.vocab_size = arch.vocab_size
+        self.tokenizer_sha256 = image.tokenizer.sha256
+        self.positions = positions
+        self.sinks = sinks
+        self.inv_freq = inverse_frequencies(arch)[0]
+        options = ort.SessionOptions()
+        if image.path is not None:
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", str(image.path.parent)
+            )
+        if threads:
+            options.intra_op_num_threads = threads
+        model = build_decoder(image, positions)
+        try:
+            self.session = ort.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own types
+            raise ImageError(
+                f"onnxruntime {ort.__version__} cannot run the graph of image "
+                f"{image.target!r}: {str(exc).splitlines()[0]}"
+            ) from None
+        shape = (rows, arch.num_kv_heads, positions, arch.head_dim)
+        self.keys = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]
+        self.values = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]
+        self._free = list(range(rows))
+        self._bindings: dict[tuple[int, int], tuple[ort.IOBinding, list[np.ndarray]]] = {}
+        self.lock = threading.RLock()
+        """One forward pass at a time; also guards every state's cache bookkeeping."""
+
+    # ------------------------------------------------------------------ streams
+
+    def open_state(
+        self, capacity: int, sampling: Sampling, long_context: bool = False
+    ) -> TransformerState:
+        with self.lock:
+            if not self._free:
+                raise InvalidArgumentError("the engine has no free KV row")  # runtime guards
+            row = min(self._free)
+            self._free.remove(row)
+        return TransformerState(self, row, sampling, long_context)
+
+    def release(self, row: int) -> None:
+        with self.lock:
+            self._free.append(row)
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _binding(self, lo: int, hi: int) -> ort.IOBinding:
+        """An IO binding with rows lo..hi-1 of every KV buffer bound as past and present."""
+        entry = self._bindings.get((lo, hi))
+        if entry is None:
+            io = self.session.io_binding()
+            views = []
+            for i in range(self.arch.num_layers):
+                for past, present, buffer in (
+                    (f"past_key_{i}", f"present_key_{i}", self.keys[i]),
+                    (f"past_value_{i}", f"present_value_{i}", self.values[i]),
+                ):
+                    view = buffer[lo:hi]
+                    views.append(view)
+                    io.bind_input(past, "cpu", 0, np.float32, view.shape, view.ctypes.data)
+                    io.bind_output(present, "cpu", 0, np.float32, view.shape, view.ctypes.data)
+            entry = self._bindings[(lo, hi)] = (io, views)
+        return entry[0]
+
+    def forward(
+        self, lo: int, ids: np.ndarray, positions: np.ndarray, logit_rows: np.ndarray
+    ) -> np.ndarray:
+        """Feed ``ids`` [B, S] to rows lo..lo+B-1, the first token of row b at cache position
+        ``positions[b]``; logits [M, vocab] for the flattened positions in ``logit_rows``."""
+        b, s = ids.shape
+        io = self._binding(lo, lo + b)
+        seqlens = (positions + (s - 1)).astype(np.int32)
+        io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
+        io.bind_cpu_input("seqlens_k", seqlens)
+        io.bind_cpu_input("total_sequence_length", np.array(int(seqlens.max()) + 1, np.int32))
+        io.bind_cpu_input("logit_rows", np.ascontiguousarray(logit_rows, dtype=np.int64))
+        logits = np.empty((len(logit_rows), self.vocab_size), np.float32)
+        io.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+        self.session.run_with_iobinding(io)
+        return logits
+
+    def prefill(self, row: int, tokens: np.ndarray, start: int) -> np.ndarray:
+        """Feed tokens to one row from cache position ``start``, in chunks; the last logits."""
+        logits = np.empty(0, np.float32)
+        for i in range(0, len(tokens), MAX_CHUNK):
+            chunk = tokens[i : i + MAX_CHUNK]
+            logits = self.forward(
+                row, chunk[None, :], np.array([start + i]), np.array([len(chunk) - 1])
+            )[0]
+        return logits
+
+    # ------------------------------------------------------------------ drafting
+
+    def propose_many(self, jobs: Sequence[tuple[EngineState, int, bytes]]) -> list[Proposal]:
+        with self.lock:
+            plans = [_Plan.start(self, state, k, branch) for state, k, branch in jobs]  # type: ignore[arg-type]
+            active = [p for p in plans if p.k > 0]
+            while active:
+                active.sort(key=lambda p: p.state.row)
+                runs: list[list[_Plan]] = []
+                for p in active:
+                    if runs and runs[-1][-1].state.row + 1 == p.state.row:
+                        runs[-1].append(p)
+                    else:
+                        runs.append([p])
+                for run in runs:
+                    ids = np.array([[p.feed] for p in run], np.int64)
+                    pos = np.array([p.position for p in run])
+                    logits = self.forward(run[0].state.row, ids, pos, np.arange(len(run)))
+                    for p, row_logits in zip(run, logits, strict=True):
+                        p.advance(row_logits)
+                active = [p for p in active if len(p.out) < p.k]
+            return [p.proposal() for p in plans]
+
+
+@dataclass
+class _Plan:
+    """One stream's draft in progress: feed ``feed`` at cache ``position``, sample, repeat."""
+
+    state: TransformerState
+    k: int
+    feed: int
+    position: int
+    out: list[int] = field(default_factory=list)
+    dists: list[Distribution | None] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls, engine: TransformerEngine, state: TransformerState, k: int, branch: bytes
+    ) -> _Plan:
+        context = bytes(state.tokens) + branch
+        n = len(context) >> 2
+        if n == 0:
+            return cls(state, 0, 0, 0)
+        if state.long_context:
+            state.make_room(n, k)
+            context = bytes(state.tokens) + branch
+            n = len(context) >> 2
+        k = max(0, min(k, engine.positions - n + 1))  # fed tokens must fit in the cache
+        valid = min(_common_prefix(state.cached, context), n - 1)
+        if valid < n - 1:
+            ids = np.frombuffer(context, "<u4", n - 1 - valid, 4 * valid).astype(np.int64)
+            engine.prefill(state.row, ids, valid)
+        state.cached = bytearray(context[: 4 * (n - 1)])
+        last = struct.unpack_from("<I", context, 4 * (n - 1))[0]
+        return cls(state, k, last, n - 1)
+
+    def advance(self, logits: np.ndarray) -> None:
+        s = self.state
+        s.cached += struct.pack("<I", self.feed)
+        token, dist = choose(logits, s.sampling, s.evicted + self.position + 1)
+        self.out.append(token)
+        self.dists.append(dist)
+        self.feed, self.position = token, self.position + 1
+
+    def proposal(self) -> Proposal:
+        dists = None if self.state.sampling.greedy else tuple(d for d in self.dists if d)
+        return Proposal(_pack(self.out), dists)
+
+
+class TransformerState(EngineState):
+    def __init__(
+        self, engine: TransformerEngine, row: int, sampling: Sampling, long_context: bool
+    ) -> None:
+        self.engine = engine
+        self.row = row
+        self.sampling = sampling
+        self.long_context = long_context
+        self.tokens = bytearray()
+        """Committed tokens in the cache window (u32 LE)."""
+        self.cached = bytearray()
+        """Tokens whose keys and values fill cache positions 0.. (drafts may run past tokens)."""
+        self.evicted = 0
+        """Committed tokens dropped from the window (long context)."""
+        self._closed = False
+
+    @property
+    def length(self) -> int:
+        return self.evicted + (len(self.tokens) >> 2)
+
+    def extend(self, tokens: bytes, prepared: object = None) -> None:
+        with self.engine.lock:
+            self.tokens += tokens
+
+    def truncate(self, length: int) -> None:
+        with self.engine.lock:
+            floor = self.evicted + self.engine.sinks
+            if self.evicted and length < floor:
+                raise InvalidArgumentError(
+                    f"cannot roll back to {length}: tokens before {floor} left the "
+                    "long-context window"
+                )
+            del self.tokens[4 * (length - self.evicted) :]
+
+    def propose(self, k: int, branch: bytes = b"") -> Proposal:
+        return self.engine.propose_many([(self, k, branch)])[0]
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.engine.release(self.row)
+
+    def make_room(self, n: int, k: int) -> None:
+        """Evict from the window until ``n`` context tokens (the window plus any branch) and
+        ``k`` drafted ones fit: keep the sinks, drop the oldest half of the rest."""
+        engine = self.engine
+        if n + k <= engine.positions:
+            return
+        window = len(self.tokens) >> 2
+        sinks = engine.sinks
+        keep = max(0, (engine.positions - sinks) // 2 - (n - window) - k)
+        evict = window - sinks - keep
+        if evict <= 0:
+            return
+        committed_cached = min(_common_prefix(self.cached, self.tokens), window)
+        if committed_cached > sinks + evict:
+            src = slice(sinks + evict, committed_cached)
+            dst = slice(sinks, committed_cached - evict)
+            for keys, values in zip(engine.keys, engine.values, strict=True):
+                keys[self.row, :, dst] = rotate(keys[self.row, :, src], -evict, engine.inv_freq)
+                values[self.row, :, dst] = values[self.row, :, src]
+            kept = committed_cached - evict
+        else:
+            kept = min(committed_cached, sinks)
+        self.tokens = self.tokens[: 4 * sinks] + self.tokens[4 * (sinks + evict) :]
+        self.cached = bytearray(self.tokens[: 4 * kept])
+        self.evicted += evict

@@ -26,8 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 OPEN_PROBE = r"""
 import os, sys, time
 from exstill_sdk.image import open_image
@@ -46,58 +44,22 @@ print(seconds, after - before, view.shape[0], image.size)
 
 
 def make_checkpoint(directory: Path, gib: float) -> int:
-    from safetensors.numpy import save_file
+    """A float32 Llama-family checkpoint of about ``gib`` GiB; its safetensors size."""
+    from exstill_sdk.bench.synthetic import write_checkpoint
 
     hidden, inter, vocab = 2048, 5632, 32000
     per_layer = (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) * 4
     fixed = (2 * vocab * hidden + hidden) * 4
     layers = max(1, round((gib * (1 << 30) - fixed) / per_layer))
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": inter,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config))
-    vocab_map = {f"t{i}": i for i in range(vocab)}
-    (directory / "tokenizer.json").write_text(
-        json.dumps({"model": {"type": "WordLevel", "vocab": vocab_map, "unk_token": "t0"}})
+    write_checkpoint(
+        directory,
+        layers=layers,
+        hidden=hidden,
+        intermediate=inter,
+        heads=16,
+        kv_heads=16,
+        vocab=vocab,
     )
-    rng = np.random.default_rng(0)
-    block = rng.standard_normal(1 << 20, dtype=np.float32) * 0.02
-
-    def filled(*shape: int) -> np.ndarray:
-        n = int(np.prod(shape))
-        return np.resize(block, n).reshape(shape)
-
-    tensors = {
-        "model.embed_tokens.weight": filled(vocab, hidden),
-        "model.norm.weight": np.ones(hidden, np.float32),
-        "lm_head.weight": filled(vocab, hidden),
-    }
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        tensors.update(
-            {
-                p + "input_layernorm.weight": np.ones(hidden, np.float32),
-                p + "post_attention_layernorm.weight": np.ones(hidden, np.float32),
-                **{p + f"self_attn.{x}_proj.weight": filled(hidden, hidden) for x in "qkvo"},
-                p + "mlp.gate_proj.weight": filled(inter, hidden),
-                p + "mlp.up_proj.weight": filled(inter, hidden),
-                p + "mlp.down_proj.weight": filled(hidden, inter),
-            }
-        )
-    save_file(tensors, str(directory / "model.safetensors"))
     return (directory / "model.safetensors").stat().st_size
 
 

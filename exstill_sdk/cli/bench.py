@@ -28,6 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
         "and this client to another (cross-core, default) or the same one; none pins nothing",
     )
     rt.add_argument("--json", action="store_true", help="print one JSON object")
+    en = sub.add_parser(
+        "engine", help="per-token cost of the transformer engine vs HF transformers eager"
+    )
+    source = en.add_mutually_exclusive_group(required=True)
+    source.add_argument("--image", help="card image to benchmark")
+    source.add_argument(
+        "--synthetic", metavar="LAYERSxHIDDEN", help="a random Llama draft, e.g. 2x256"
+    )
+    en.add_argument("--k", type=int, default=8, help="tokens drafted per round (default 8)")
+    en.add_argument("--rounds", type=int, default=40, help="timed rounds (default 40)")
+    en.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    en.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -44,6 +56,16 @@ def main(argv: list[str] | None = None) -> int:
             from exstill_sdk.bench import roundtrip
 
             result = roundtrip.run(args.url, args.k, args.rounds, args.context, args.placement)
+        elif args.bench == "engine":
+            from exstill_sdk.bench import engine
+
+            result = engine.run(
+                args.image,
+                synthetic=args.synthetic,
+                k=args.k,
+                rounds=args.rounds,
+                hf=not args.no_hf,
+            )
         else:  # pragma: no cover - argparse rejects unknown choices
             raise AssertionError(args.bench)
     except (ExstillError, ValueError) as exc:

@@ -67,6 +67,22 @@ def image_name(hf_name: str) -> str | None:
     return None
 
 
+_HF_LAYER_NAMES = {v: k for k, v in _LAYER_NAMES.items()}
+
+
+def hf_name(name: str) -> str:
+    """The HF parameter name of an image tensor name (the inverse of ``image_name``)."""
+    fixed = {
+        "embed.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
+    if name in fixed:
+        return fixed[name]
+    _, layer, rest = name.split(".", 2)
+    return f"model.layers.{layer}.{_HF_LAYER_NAMES[rest]}"
+
+
 def _rope(config: Mapping[str, Any]) -> tuple[float, RopeScaling]:
     """rope_theta and scaling from a v4 (rope_theta + rope_scaling) or v5 (rope_parameters)
     config."""

@@ -1,16 +1,20 @@
 """The reference architecture as an ONNX graph, built with onnx.helper from an image.
 
-Weights are not copied into the graph: every initializer is an external-data reference to its
-bytes in the image file (tensors are 4096-aligned there), and onnxruntime reads them from the
-file. Operators (onnxruntime CPU; tested with onnxruntime 1.32):
+Weights are not copied into the graph: every f32/f16 initializer is an external-data reference to
+its bytes in the image file (tensors are 4096-aligned there), and onnxruntime reads them from
+the file (as for any model, it then lays matrices out for its GEMM kernels). Operators
+(onnxruntime CPU; tested with onnxruntime 1.32):
 
 - ``com.microsoft.GroupQueryAttention`` with fused rotary (``do_rotary``) and one KV buffer per
   layer shared between past and present (``past_key`` and ``present_key`` bound to the same
   memory), so a decode step appends in place and copies nothing;
 - ``SimplifiedLayerNormalization`` (RMSNorm) and ``com.microsoft.SkipSimplifiedLayerNormalization``
   (residual add + RMSNorm in one op);
-- ``Gemm`` with ``transB`` on the stored [out, in] matrices (f32; f16 images are widened once at
-  load), or ``com.microsoft.MatMulNBits`` with 8-bit weights for int8 images (run as int8).
+- ``MatMul`` on the stored [out, in] matrices through a ``Transpose`` (and for q, k, v a
+  ``Concat``) of the initializers, which onnxruntime folds at load, and ``Gemm`` with ``transB``
+  for the output projection; f16 images are widened to f32 once at load;
+- ``com.microsoft.MatMulNBits`` with 8-bit weights and int8 compute for int8 images (the weights
+  stay int8 in memory, re-laid out as offset binary once at load).
 
 Graph inputs: ``input_ids`` int64 [B, S]; ``seqlens_k`` int32 [B] (each row's total length after
 this step, minus one); ``total_sequence_length`` int32 scalar; ``logit_rows`` int64 [M] (which of
@@ -37,12 +41,40 @@ from .rope import cos_sin_tables
 OPSET = 17
 INT8_BLOCK = 32
 """MatMulNBits block size along K; the image's per-row scale is repeated for every block."""
+INT8_ACCURACY_LEVEL = 4
+"""MatMulNBits computes int8 x int8: activations are quantised to int8 per block of 32 on the
+fly. About 100x faster on CPU than level 0 (which dequantises the weights every call) at the
+cost of activation rounding; see docs/emulator.md for the bound the tests check."""
 
 _ONNX_DTYPE = {
     DType.F32: TensorProto.FLOAT,
     DType.F16: TensorProto.FLOAT16,
     DType.I8: TensorProto.INT8,
 }
+
+
+def int8_blocks(q: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An image's int8 rows (symmetric, one scale per row) in MatMulNBits' 8-bit layout:
+    offset binary (zero point 128) in blocks of INT8_BLOCK along K, padded with zeros, the row's
+    scale repeated for every block. One byte per weight, as in the image."""
+    rows, cols = q.shape
+    blocks = -(-cols // INT8_BLOCK)
+    padded = np.full((rows, blocks * INT8_BLOCK), 0x80, dtype=np.uint8)
+    padded[:, :cols] = q.view(np.uint8) ^ 0x80
+    return padded.reshape(rows, blocks, INT8_BLOCK), np.repeat(scale, blocks)
+
+
+def int8_attributes(shape: tuple[int, ...]) -> dict[str, Any]:
+    """MatMulNBits attributes for an int8 matrix of ``shape`` [N, K] (int8 compute)."""
+    rows, cols = shape
+    return dict(
+        domain="com.microsoft",
+        K=cols,
+        N=rows,
+        bits=8,
+        block_size=INT8_BLOCK,
+        accuracy_level=INT8_ACCURACY_LEVEL,
+    )
 
 
 class GraphBuilder:
@@ -98,46 +130,52 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
     arch: DecoderConfig = image.arch
     g = GraphBuilder()
     file = Path(image.path).name if image.path else ""
-    h, hd = arch.hidden_size, arch.head_dim
+    hd = arch.head_dim
     nq, nkv = arch.num_heads * hd, arch.num_kv_heads * hd
+    eps = float(arch.rms_norm_eps)
+    int8 = image.quant == "int8"
 
     def weight(name: str) -> str:
         info = image.tensors[name]
         return g.external(name, info.dtype, info.shape, file, info.offset, info.size)
 
     def f32_weight(name: str) -> str:
-        """A weight as float32 (f16 is widened once; onnxruntime folds the Cast at load)."""
+        """A weight as float32 (f16 is widened; onnxruntime folds the Cast at load)."""
         w = weight(name)
         if image.tensors[name].dtype == DType.F16:
             return g.op("Cast", [w], name + "_f32", to=TensorProto.FLOAT)[0]
         return w
 
-    int8 = image.quant == "int8"
+    def int8_matmul(x: str, names: list[str]) -> str:
+        """x @ W^T for int8 matrices stacked by rows (q, k and v share one product)."""
+        q = np.concatenate([image.tensor(n) for n in names])
+        scale = np.concatenate([image.tensor(n + ".scale") for n in names])
+        packed, scales = int8_blocks(q, scale)
+        b = g.const(names[0] + ".nbits", packed)
+        s = g.const(names[0] + ".nbits_scale", scales)
+        return g.op("MatMulNBits", [x, b, s], names[0], **int8_attributes(q.shape))[0]
 
-    def linear(x: str, name: str, bias: str | None = None) -> str:
-        """x @ W^T (+ b) for a stored [out, in] matrix."""
-        rows, cols = image.tensors[name].shape
+    def linear(x: str, names: list[str], biases: list[str] | None = None) -> str:
+        """x @ [W1; W2; ...]^T (+ b) for stored [out, in] matrices, several stacked into one
+        product (q, k and v). onnxruntime folds the Concat/Transpose of initializers at load."""
         if int8:
-            blocks = -(-cols // INT8_BLOCK)
-            q = image.tensor(name)
-            padded = np.full((rows, blocks * INT8_BLOCK), 0x80, dtype=np.uint8)
-            padded[:, :cols] = q.view(np.uint8) ^ 0x80  # offset binary: zero point 128
-            b = g.const(name + ".nbits", padded.reshape(rows, blocks, INT8_BLOCK))
-            s = g.const(name + ".nbits_scale", np.repeat(image.tensor(name + ".scale"), blocks))
+            y = int8_matmul(x, names)
+        else:
+            ws = [f32_weight(n) for n in names]
+            w = ws[0] if len(ws) == 1 else g.op("Concat", ws, names[0] + "_stack", axis=0)[0]
             y = g.op(
-                "MatMulNBits",
-                [x, b, s],
-                name,
-                domain="com.microsoft",
-                K=cols,
-                N=rows,
-                bits=8,
-                block_size=INT8_BLOCK,
-                accuracy_level=0,
+                "MatMul", [x, g.op("Transpose", [w], names[0] + "_t", perm=[1, 0])[0]], names[0]
             )[0]
-            return g.op("Add", [y, weight(bias)], name + "_bias")[0] if bias else y
-        inputs = [x, f32_weight(name)] + ([weight(bias)] if bias else [])
-        return g.op("Gemm", inputs, name, transB=1)[0]
+        if biases:
+            bs = [weight(b) for b in biases]
+            b = bs[0] if len(bs) == 1 else g.op("Concat", bs, biases[0] + "_stack", axis=0)[0]
+            y = g.op("Add", [y, b], names[0] + "_bias")[0]
+        return y
+
+    def rms_norm(x: str, w: str, hint: str) -> str:
+        return g.op(
+            "SimplifiedLayerNormalization", [x, weight(w)], hint, axis=-1, epsilon=eps, stash_type=1
+        )[0]
 
     # ---------------------------------------------------------------- inputs
     g.inputs += [
@@ -150,68 +188,52 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
     cos, sin = cos_sin_tables(arch, positions)
     cos_name, sin_name = g.const("rope_cos", cos), g.const("rope_sin", sin)
 
-    shape = g.op("Shape", ["input_ids"], "ids_shape")[0]
-    flat = g.const("flat_hidden", np.array([-1, h], np.int64))
-    shape_q = g.op(
-        "Concat", [shape, g.const("dim_q", np.array([nq], np.int64))], "shape_q", axis=0
-    )[0]
-    shape_kv = g.op(
-        "Concat", [shape, g.const("dim_kv", np.array([nkv], np.int64))], "shape_kv", axis=0
-    )[0]
-    if arch.qk_norm:
-        heads_q = g.const("heads_q", np.array([-1, arch.num_heads, hd], np.int64))
-        heads_kv = g.const("heads_kv", np.array([-1, arch.num_kv_heads, hd], np.int64))
-
-    # ---------------------------------------------------------------- embedding
-    ids = g.op("Reshape", ["input_ids", g.const("flat_ids", np.array([-1], np.int64))], "ids")[0]
+    # ---------------------------------------------------------------- embedding: [B, S, hidden]
     if int8:
-        rows = g.op("Gather", [weight("embed.weight"), ids], "embed_q", axis=0)[0]
-        scale = g.op("Gather", [weight("embed.weight.scale"), ids], "embed_s", axis=0)[0]
+        rows = g.op("Gather", [weight("embed.weight"), "input_ids"], "embed_q", axis=0)[0]
+        scale = g.op("Gather", [weight("embed.weight.scale"), "input_ids"], "embed_s", axis=0)[0]
         rows = g.op("Cast", [rows], "embed_f", to=TensorProto.FLOAT)[0]
-        scale = g.op("Unsqueeze", [scale, g.const("axis1", np.array([1], np.int64))], "embed_su")[0]
+        scale = g.op(
+            "Unsqueeze", [scale, g.const("last_axis", np.array([-1], np.int64))], "embed_su"
+        )[0]
         x = g.op("Mul", [rows, scale], "embed")[0]
     else:
-        x = g.op("Gather", [weight("embed.weight"), ids], "embed", axis=0)[0]
+        x = g.op("Gather", [weight("embed.weight"), "input_ids"], "embed", axis=0)[0]
         if image.tensors["embed.weight"].dtype == DType.F16:
             x = g.op("Cast", [x], "embed_f32", to=TensorProto.FLOAT)[0]
-    x = g.op("Reshape", [x, flat], "x0")[0]  # [B*S, hidden]
 
-    eps = float(arch.rms_norm_eps)
-    normed = g.op(
-        "SimplifiedLayerNormalization",
-        [x, weight("layers.0.attn_norm.weight")],
-        "n1_0",
-        axis=-1,
-        epsilon=eps,
-        stash_type=1,
-    )[0]
+    normed = rms_norm(x, "layers.0.attn_norm.weight", "n1_0")
     for i in range(arch.num_layers):
         p = f"layers.{i}."
-        q = linear(normed, p + "attn.q.weight", p + "attn.q.bias" if arch.qkv_bias else None)
-        k = linear(normed, p + "attn.k.weight", p + "attn.k.bias" if arch.qkv_bias else None)
-        v = linear(normed, p + "attn.v.weight", p + "attn.v.bias" if arch.qkv_bias else None)
-        if arch.qk_norm:
-            qh = g.op("Reshape", [q, heads_q], p + "q_heads")[0]
-            q = g.op(
-                "SimplifiedLayerNormalization",
-                [qh, weight(p + "attn.q_norm.weight")],
+        qkv_names = [p + "attn.q.weight", p + "attn.k.weight", p + "attn.v.weight"]
+        qkv_bias = (
+            [p + "attn.q.bias", p + "attn.k.bias", p + "attn.v.bias"] if arch.qkv_bias else None
+        )
+        if arch.qk_norm:  # q and k are normalised per head before the rotary embedding
+            q = linear(normed, qkv_names[:1], qkv_bias[:1] if qkv_bias else None)
+            k = linear(normed, qkv_names[1:2], qkv_bias[1:2] if qkv_bias else None)
+            v = linear(normed, qkv_names[2:], qkv_bias[2:] if qkv_bias else None)
+            heads_q = g.const(p + "heads_q", np.array([0, 0, arch.num_heads, hd], np.int64))
+            heads_kv = g.const(p + "heads_kv", np.array([0, 0, arch.num_kv_heads, hd], np.int64))
+            q = rms_norm(
+                g.op("Reshape", [q, heads_q], p + "q_heads")[0],
+                p + "attn.q_norm.weight",
                 p + "q_norm",
-                axis=-1,
-                epsilon=eps,
-                stash_type=1,
-            )[0]
-            kh = g.op("Reshape", [k, heads_kv], p + "k_heads")[0]
-            k = g.op(
-                "SimplifiedLayerNormalization",
-                [kh, weight(p + "attn.k_norm.weight")],
+            )
+            k = rms_norm(
+                g.op("Reshape", [k, heads_kv], p + "k_heads")[0],
+                p + "attn.k_norm.weight",
                 p + "k_norm",
-                axis=-1,
-                epsilon=eps,
-                stash_type=1,
+            )
+            q = g.op(
+                "Reshape", [q, g.const(p + "flat_q", np.array([0, 0, nq], np.int64))], p + "q3"
             )[0]
-        q3 = g.op("Reshape", [q, shape_q], p + "q3")[0]
-        k3 = g.op("Reshape", [k, shape_kv], p + "k3")[0]
-        v3 = g.op("Reshape", [v, shape_kv], p + "v3")[0]
+            k = g.op(
+                "Reshape", [k, g.const(p + "flat_k", np.array([0, 0, nkv], np.int64))], p + "k3"
+            )[0]
+            attention_inputs = [q, k, v]
+        else:  # one product for q, k and v, handed to attention packed
+            attention_inputs = [linear(normed, qkv_names, qkv_bias), "", ""]
         past_k, past_v = f"past_key_{i}", f"past_value_{i}"
         present_k, present_v = f"present_key_{i}", f"present_value_{i}"
         g.inputs += [
@@ -227,9 +249,7 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
             helper.make_node(
                 "GroupQueryAttention",
                 [
-                    q3,
-                    k3,
-                    v3,
+                    *attention_inputs,
                     past_k,
                     past_v,
                     "seqlens_k",
@@ -247,10 +267,7 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
                 local_window_size=arch.sliding_window or -1,
             )
         )
-        attn2 = g.op(
-            "Reshape", [attn, g.const(p + "flat_q", np.array([-1, nq], np.int64))], p + "attn2"
-        )[0]
-        o = linear(attn2, p + "attn.o.weight", p + "attn.o.bias" if arch.o_bias else None)
+        o = linear(attn, [p + "attn.o.weight"], [p + "attn.o.bias"] if arch.o_bias else None)
         n2, _, _, x = g.op(
             "SkipSimplifiedLayerNormalization",
             [o, x, weight(p + "mlp_norm.weight")],
@@ -259,14 +276,10 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
             domain="com.microsoft",
             epsilon=eps,
         )
-        gate = linear(n2, p + "mlp.gate.weight")
-        up = linear(n2, p + "mlp.up.weight")
-        act = g.op(
-            "Mul",
-            [g.op("Mul", [gate, g.op("Sigmoid", [gate], p + "sig")[0]], p + "silu")[0], up],
-            p + "act",
-        )[0]
-        down = linear(act, p + "mlp.down.weight")
+        gate = linear(n2, [p + "mlp.gate.weight"])
+        up = linear(n2, [p + "mlp.up.weight"])
+        silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], p + "sig")[0]], p + "silu")[0]
+        down = linear(g.op("Mul", [silu, up], p + "act")[0], [p + "mlp.down.weight"])
         if i + 1 < arch.num_layers:
             normed, _, _, x = g.op(
                 "SkipSimplifiedLayerNormalization",
@@ -279,17 +292,17 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
         else:
             x = g.op("Add", [x, down], p + "residual")[0]
 
-    last = g.op("Gather", [x, "logit_rows"], "logit_rows_x", axis=0)[0]
-    final = g.op(
-        "SimplifiedLayerNormalization",
-        [last, weight("norm.weight")],
-        "final_norm",
-        axis=-1,
-        epsilon=eps,
-        stash_type=1,
+    flat = g.op(
+        "Reshape", [x, g.const("flat_hidden", np.array([-1, arch.hidden_size], np.int64))], "flat"
     )[0]
+    final = rms_norm(
+        g.op("Gather", [flat, "logit_rows"], "logit_rows_x", axis=0)[0], "norm.weight", "final_norm"
+    )
     head = "embed.weight" if arch.tie_embeddings else "lm_head.weight"
-    logits = linear(final, head)
+    if int8:
+        logits = int8_matmul(final, [head])
+    else:
+        logits = g.op("Gemm", [final, f32_weight(head)], "lm_head", transB=1)[0]
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits"))
     g.outputs.insert(
         0, helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", arch.vocab_size])

@@ -185,31 +185,41 @@ class TransformerEngine(DraftEngine):
             plans = [_Plan.start(self, state, k, branch) for state, k, branch in jobs]  # type: ignore[arg-type]
             active = [p for p in plans if p.k > 0]
             while active:
-                active.sort(key=lambda p: p.state.row)
-                runs: list[list[_Plan]] = []
+                self._feed([p for p in active if p.logits is None])
                 for p in active:
-                    if runs and runs[-1][-1].state.row + 1 == p.state.row:
-                        runs[-1].append(p)
-                    else:
-                        runs.append([p])
-                for run in runs:
-                    ids = np.array([[p.feed] for p in run], np.int64)
-                    pos = np.array([p.position for p in run])
-                    logits = self.forward(run[0].state.row, ids, pos, np.arange(len(run)))
-                    for p, row_logits in zip(run, logits, strict=True):
-                        p.advance(row_logits)
+                    p.sample()
                 active = [p for p in active if len(p.out) < p.k]
             return [p.proposal() for p in plans]
+
+    def _feed(self, plans: list[_Plan]) -> None:
+        """One batched step: each plan's pending token at its position, one call per run of
+        adjacent rows."""
+        plans.sort(key=lambda p: p.state.row)
+        runs: list[list[_Plan]] = []
+        for p in plans:
+            if runs and runs[-1][-1].state.row + 1 == p.state.row:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        for run in runs:
+            ids = np.array([[p.feed] for p in run], np.int64)
+            pos = np.array([p.position for p in run])
+            logits = self.forward(run[0].state.row, ids, pos, np.arange(len(run)))
+            for p, row_logits in zip(run, logits, strict=True):
+                p.state.cached += struct.pack("<I", p.feed)
+                p.logits = row_logits
 
 
 @dataclass
 class _Plan:
-    """One stream's draft in progress: feed ``feed`` at cache ``position``, sample, repeat."""
+    """One stream's draft in progress: sample from ``logits``, or first feed ``feed`` at cache
+    ``position`` to get them."""
 
     state: TransformerState
     k: int
     feed: int
     position: int
+    logits: np.ndarray | None = None
     out: list[int] = field(default_factory=list)
     dists: list[Distribution | None] = field(default_factory=list)
 
@@ -217,6 +227,9 @@ class _Plan:
     def start(
         cls, engine: TransformerEngine, state: TransformerState, k: int, branch: bytes
     ) -> _Plan:
+        """Bring the cache up to the context; a plan whose last context token still has to be
+        fed (the common case: the bonus token) joins the first batched step, a longer
+        uncached tail runs now as one chunk."""
         context = bytes(state.tokens) + branch
         n = len(context) >> 2
         if n == 0:
@@ -227,20 +240,24 @@ class _Plan:
             n = len(context) >> 2
         k = max(0, min(k, engine.positions - n + 1))  # fed tokens must fit in the cache
         valid = min(_common_prefix(state.cached, context), n - 1)
-        if valid < n - 1:
-            ids = np.frombuffer(context, "<u4", n - 1 - valid, 4 * valid).astype(np.int64)
-            engine.prefill(state.row, ids, valid)
-        state.cached = bytearray(context[: 4 * (n - 1)])
         last = struct.unpack_from("<I", context, 4 * (n - 1))[0]
-        return cls(state, k, last, n - 1)
+        plan = cls(state, k, last, n - 1)
+        if k and valid < n - 1:
+            ids = np.frombuffer(context, "<u4", n - valid, 4 * valid).astype(np.int64)
+            plan.logits = engine.prefill(state.row, ids, valid)
+            state.cached = bytearray(context)
+            plan.position = n - 1
+        else:
+            state.cached = bytearray(context[: 4 * (n - 1)])
+        return plan
 
-    def advance(self, logits: np.ndarray) -> None:
+    def sample(self) -> None:
         s = self.state
-        s.cached += struct.pack("<I", self.feed)
-        token, dist = choose(logits, s.sampling, s.evicted + self.position + 1)
+        assert self.logits is not None
+        token, dist = choose(self.logits, s.sampling, s.evicted + self.position + 1)
         self.out.append(token)
         self.dists.append(dist)
-        self.feed, self.position = token, self.position + 1
+        self.feed, self.position, self.logits = token, self.position + 1, None
 
     def proposal(self) -> Proposal:
         dists = None if self.state.sampling.greedy else tuple(d for d in self.dists if d)

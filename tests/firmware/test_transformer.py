@@ -137,9 +137,50 @@ def test_rollback_and_cache_reuse(model_pair, engine) -> None:
     assert len(first) == 5
 
 
-def test_int8_matches_its_dequantised_weights(model_pair, tmp_path) -> None:
-    """An int8 image computes exactly what the HF model computes with the dequantised weights
-    (q * scale): the only difference from f32 is the documented quantisation error."""
+def test_int8_product_bound() -> None:
+    """Each int8 product (the engine's weight layout, int8 compute) is within the documented
+    bound of the exact product with the dequantised weights: sum over blocks b of
+    max|x_b| / 254 * sum_{j in b} |W_ij| (activations rounded to int8 per block)."""
+    import onnxruntime as ort
+    from exstill_firmware.engines.onnx_graph import INT8_BLOCK, int8_attributes, int8_blocks
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n, k = int(rng.integers(4, 200)), int(rng.choice([32, 48, 64, 100, 256]))
+        q = rng.integers(-127, 128, (n, k)).astype(np.int8)
+        scale = ((rng.random(n) + 0.1) / 127).astype(np.float32)
+        packed, scales = int8_blocks(q, scale)
+        node = helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], **int8_attributes((n, k)))
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+            [numpy_helper.from_array(packed, "b"), numpy_helper.from_array(scales, "s")],
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        )
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        x = (rng.standard_normal((3, k)) * rng.choice([0.01, 1.0, 100.0])).astype(np.float32)
+        w = q.astype(np.float64) * scale[:, None]
+        exact = x.astype(np.float64) @ w.T
+        bound = np.zeros_like(exact)
+        for start in range(0, k, INT8_BLOCK):
+            block = slice(start, start + INT8_BLOCK)
+            step = np.abs(x[:, block]).max(-1, keepdims=True).astype(np.float64) / 254
+            bound += step @ np.abs(w[:, block]).sum(-1)[None, :]
+        got = session.run(None, {"x": x})[0]
+        assert (np.abs(got - exact) <= bound * 1.01 + 1e-6).all()
+
+
+def test_int8_image_drafts_like_its_dequantised_model(model_pair, tmp_path) -> None:
+    """Through a whole model the int8 engine's greedy choice agrees with the HF model on the
+    dequantised weights at most positions (activation rounding can flip near-ties)."""
     from exstill_sdk.image.checkpoint import image_name
     from exstill_sdk.image.pack import pack_checkpoint
     from exstill_sdk.image.quantize import dequantize_rows
@@ -157,5 +198,4 @@ def test_int8_matches_its_dequantised_weights(model_pair, tmp_path) -> None:
     ids = tokens(20, seed=5)
     got = engine.forward(0, np.array([ids]), np.array([0]), np.arange(20))
     want = hf_logits(model, ids)
-    assert np.allclose(got, want, **TOL)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.95
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.85

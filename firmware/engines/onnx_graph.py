@@ -300,10 +300,10 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
     )
     head = "embed.weight" if arch.tie_embeddings else "lm_head.weight"
     if int8:
-        logits = int8_matmul(final, [head])
+        int8_matmul(final, [head])
     else:
-        logits = g.op("Gemm", [final, f32_weight(head)], "lm_head", transB=1)[0]
-    g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits"))
+        g.op("Gemm", [final, f32_weight(head)], "lm_head", transB=1)
+    g.nodes[-1].output[0] = "logits"  # the output projection writes the graph output
     g.outputs.insert(
         0, helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", arch.vocab_size])
     )

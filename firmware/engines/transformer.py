@@ -24,6 +24,7 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -111,7 +112,8 @@ class TransformerEngine(DraftEngine):
         self.keys = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]
         self.values = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]
         self._free = list(range(rows))
-        self._bindings: dict[tuple[int, int], tuple[ort.IOBinding, list[np.ndarray]]] = {}
+        self._bindings: dict[tuple[int, int, str], tuple[ort.IOBinding, list[np.ndarray]]] = {}
+        self._decode: dict[tuple[int, int], _DecodeBuffers] = {}
         self.lock = threading.RLock()
         """One forward pass at a time; also guards every state's cache bookkeeping."""
 
@@ -133,9 +135,9 @@ class TransformerEngine(DraftEngine):
 
     # ------------------------------------------------------------------ forward passes
 
-    def _binding(self, lo: int, hi: int) -> ort.IOBinding:
+    def _binding(self, lo: int, hi: int, purpose: str = "chunk") -> ort.IOBinding:
         """An IO binding with rows lo..hi-1 of every KV buffer bound as past and present."""
-        entry = self._bindings.get((lo, hi))
+        entry = self._bindings.get((lo, hi, purpose))
         if entry is None:
             io = self.session.io_binding()
             views = []
@@ -148,8 +150,46 @@ class TransformerEngine(DraftEngine):
                     views.append(view)
                     io.bind_input(past, "cpu", 0, np.float32, view.shape, view.ctypes.data)
                     io.bind_output(present, "cpu", 0, np.float32, view.shape, view.ctypes.data)
-            entry = self._bindings[(lo, hi)] = (io, views)
+            entry = self._bindings[(lo, hi, purpose)] = (io, views)
         return entry[0]
+
+    def _decode_binding(self, lo: int, hi: int) -> _DecodeBuffers:
+        """Inputs and outputs of a one-token step over rows lo..hi-1, bound once: a step
+        writes the tokens and positions into these arrays and runs, with no binding call."""
+        buffers = self._decode.get((lo, hi))
+        if buffers is None:
+            io = self._binding(lo, hi, "decode")  # its own binding: inputs stay bound
+            b = hi - lo
+            buffers = _DecodeBuffers(
+                io,
+                np.zeros((b, 1), np.int64),
+                np.zeros(b, np.int32),
+                np.zeros((), np.int32),
+                np.arange(b, dtype=np.int64),
+                np.empty((b, self.vocab_size), np.float32),
+            )
+            for name, array in (
+                ("input_ids", buffers.ids),
+                ("seqlens_k", buffers.seqlens),
+                ("total_sequence_length", buffers.total),
+                ("logit_rows", buffers.rows),
+            ):
+                io.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            io.bind_output(
+                "logits", "cpu", 0, np.float32, buffers.logits.shape, buffers.logits.ctypes.data
+            )
+            self._decode[(lo, hi)] = buffers
+        return buffers
+
+    def step(self, lo: int, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """One token for each of rows lo..lo+B-1 at cache ``positions``; logits [B, vocab]
+        (a buffer reused by the next step of the same rows)."""
+        d = self._decode_binding(lo, lo + len(tokens))
+        d.ids[:, 0] = tokens
+        d.seqlens[:] = positions
+        d.total[...] = d.seqlens.max() + 1
+        self.session.run_with_iobinding(d.io)
+        return d.logits
 
     def forward(
         self, lo: int, ids: np.ndarray, positions: np.ndarray, logit_rows: np.ndarray
@@ -194,20 +234,30 @@ class TransformerEngine(DraftEngine):
     def _feed(self, plans: list[_Plan]) -> None:
         """One batched step: each plan's pending token at its position, one call per run of
         adjacent rows."""
-        plans.sort(key=lambda p: p.state.row)
         runs: list[list[_Plan]] = []
-        for p in plans:
+        for p in sorted(plans, key=lambda p: p.state.row) if len(plans) > 1 else plans:
             if runs and runs[-1][-1].state.row + 1 == p.state.row:
                 runs[-1].append(p)
             else:
                 runs.append([p])
         for run in runs:
-            ids = np.array([[p.feed] for p in run], np.int64)
-            pos = np.array([p.position for p in run])
-            logits = self.forward(run[0].state.row, ids, pos, np.arange(len(run)))
+            logits = self.step(
+                run[0].state.row,
+                np.array([p.feed for p in run], np.int64),
+                np.array([p.position for p in run], np.int32),
+            )
             for p, row_logits in zip(run, logits, strict=True):
                 p.state.cached += struct.pack("<I", p.feed)
                 p.logits = row_logits
+
+
+class _DecodeBuffers(NamedTuple):
+    io: ort.IOBinding
+    ids: np.ndarray
+    seqlens: np.ndarray
+    total: np.ndarray
+    rows: np.ndarray
+    logits: np.ndarray
 
 
 @dataclass

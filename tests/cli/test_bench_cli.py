@@ -47,3 +47,27 @@ def test_bad_arguments_exit_2() -> None:
         text=True,
     )
     assert out.returncode == 2 and "scheme" in out.stderr
+
+
+def test_engine_bench_json() -> None:
+    out = subprocess.run(
+        [
+            script("exstill-bench"),
+            "engine",
+            "--synthetic",
+            "1x64",
+            "--rounds",
+            "6",
+            "--k",
+            "4",
+            "--no-hf",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["layers"] == 1 and result["hidden"] == 64 and result["k"] == 4
+    assert result["us_per_token_1_stream"] > 0 and result["us_per_token_12_streams"] > 0

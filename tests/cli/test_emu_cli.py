@@ -142,3 +142,42 @@ def test_ten_thousand_hostile_frames_leave_the_card_serving() -> None:
         proc.terminate()
         proc.wait(timeout=10)
     assert proc.returncode == 0
+
+
+def test_serves_a_target_image(tmp_path) -> None:
+    """exstill-emu --image: the image is checked, listed in the handshake and drafts."""
+    from exstill_sdk.bench.synthetic import write_checkpoint
+    from exstill_sdk.image.pack import pack_checkpoint
+
+    write_checkpoint(
+        tmp_path / "ckpt",
+        layers=1,
+        hidden=64,
+        intermediate=96,
+        heads=4,
+        kv_heads=2,
+        vocab=96,
+        std=0.3,
+    )
+    pack_checkpoint(tmp_path / "ckpt", tmp_path / "t.img", "tiny")
+    proc, url = start_emu("--image", str(tmp_path / "t.img"), "--context", "256")
+    try:
+        with open_card(url) as card:
+            (target,) = card.info().targets
+            assert target.name == "tiny" and target.vocab_size == 96
+            with card.open_stream(target="tiny") as s:
+                s.prefill([5, 6, 7, 8])
+                assert len(s.draft(4).tokens) == 4
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    data = bytearray((tmp_path / "t.img").read_bytes())
+    data[len(data) // 2] ^= 1
+    (tmp_path / "bad.img").write_bytes(bytes(data))
+    bad = subprocess.run(
+        [script("exstill-emu"), "--image", str(tmp_path / "bad.img")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "digest mismatch" in bad.stderr

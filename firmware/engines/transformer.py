@@ -24,23 +24,18 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
-import onnxruntime as ort
 
-from exstill_sdk.errors import ImageError, InvalidArgumentError
+from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.image.onnx_runner import OnnxDecoder
 from exstill_sdk.image.reader import CardImage
+from exstill_sdk.image.rope import inverse_frequencies, rotate
 from exstill_sdk.protocol.constants import ModelKind
 from exstill_sdk.protocol.messages import Distribution
 
 from .base import DraftEngine, EngineState, Proposal, Sampling
-from .onnx_graph import build_decoder
-from .rope import inverse_frequencies, rotate
 from .sampling import choose
-
-MAX_CHUNK = 256
-"""Longest run of tokens one prefill call feeds."""
 
 
 def _pack(tokens: Sequence[int]) -> bytes:
@@ -76,11 +71,6 @@ class TransformerEngine(DraftEngine):
         threads: int = 0,
     ) -> None:
         arch = image.arch
-        if arch.head_dim % 16:
-            raise ImageError(
-                f"head_dim {arch.head_dim} is not supported: the card's attention needs a "
-                "multiple of 16"
-            )
         if not 1 <= rows <= 255 or positions < 16 or not 0 <= sinks < positions // 4:
             raise ValueError("bad engine geometry (rows 1..255, positions >= 16, sinks < 1/4)")
         self.image = image
@@ -91,29 +81,9 @@ class TransformerEngine(DraftEngine):
         self.positions = positions
         self.sinks = sinks
         self.inv_freq = inverse_frequencies(arch)[0]
-        options = ort.SessionOptions()
-        if image.path is not None:
-            options.add_session_config_entry(
-                "session.model_external_initializers_file_folder_path", str(image.path.parent)
-            )
-        if threads:
-            options.intra_op_num_threads = threads
-        model = build_decoder(image, positions)
-        try:
-            self.session = ort.InferenceSession(
-                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:  # onnxruntime raises its own types
-            raise ImageError(
-                f"onnxruntime {ort.__version__} cannot run the graph of image "
-                f"{image.target!r}: {str(exc).splitlines()[0]}"
-            ) from None
-        shape = (rows, arch.num_kv_heads, positions, arch.head_dim)
-        self.keys = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]
-        self.values = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]
+        self.runner = OnnxDecoder(image, rows, positions, threads)
+        self.keys, self.values = self.runner.keys, self.runner.values
         self._free = list(range(rows))
-        self._bindings: dict[tuple[int, int, str], tuple[ort.IOBinding, list[np.ndarray]]] = {}
-        self._decode: dict[tuple[int, int], _DecodeBuffers] = {}
         self.lock = threading.RLock()
         """One forward pass at a time; also guards every state's cache bookkeeping."""
 
@@ -132,91 +102,6 @@ class TransformerEngine(DraftEngine):
     def release(self, row: int) -> None:
         with self.lock:
             self._free.append(row)
-
-    # ------------------------------------------------------------------ forward passes
-
-    def _binding(self, lo: int, hi: int, purpose: str = "chunk") -> ort.IOBinding:
-        """An IO binding with rows lo..hi-1 of every KV buffer bound as past and present."""
-        entry = self._bindings.get((lo, hi, purpose))
-        if entry is None:
-            io = self.session.io_binding()
-            views = []
-            for i in range(self.arch.num_layers):
-                for past, present, buffer in (
-                    (f"past_key_{i}", f"present_key_{i}", self.keys[i]),
-                    (f"past_value_{i}", f"present_value_{i}", self.values[i]),
-                ):
-                    view = buffer[lo:hi]
-                    views.append(view)
-                    io.bind_input(past, "cpu", 0, np.float32, view.shape, view.ctypes.data)
-                    io.bind_output(present, "cpu", 0, np.float32, view.shape, view.ctypes.data)
-            entry = self._bindings[(lo, hi, purpose)] = (io, views)
-        return entry[0]
-
-    def _decode_binding(self, lo: int, hi: int) -> _DecodeBuffers:
-        """Inputs and outputs of a one-token step over rows lo..hi-1, bound once: a step
-        writes the tokens and positions into these arrays and runs, with no binding call."""
-        buffers = self._decode.get((lo, hi))
-        if buffers is None:
-            io = self._binding(lo, hi, "decode")  # its own binding: inputs stay bound
-            b = hi - lo
-            buffers = _DecodeBuffers(
-                io,
-                np.zeros((b, 1), np.int64),
-                np.zeros(b, np.int32),
-                np.zeros((), np.int32),
-                np.arange(b, dtype=np.int64),
-                np.empty((b, self.vocab_size), np.float32),
-            )
-            for name, array in (
-                ("input_ids", buffers.ids),
-                ("seqlens_k", buffers.seqlens),
-                ("total_sequence_length", buffers.total),
-                ("logit_rows", buffers.rows),
-            ):
-                io.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-            io.bind_output(
-                "logits", "cpu", 0, np.float32, buffers.logits.shape, buffers.logits.ctypes.data
-            )
-            self._decode[(lo, hi)] = buffers
-        return buffers
-
-    def step(self, lo: int, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """One token for each of rows lo..lo+B-1 at cache ``positions``; logits [B, vocab]
-        (a buffer reused by the next step of the same rows)."""
-        d = self._decode_binding(lo, lo + len(tokens))
-        d.ids[:, 0] = tokens
-        d.seqlens[:] = positions
-        d.total[...] = d.seqlens.max() + 1
-        self.session.run_with_iobinding(d.io)
-        return d.logits
-
-    def forward(
-        self, lo: int, ids: np.ndarray, positions: np.ndarray, logit_rows: np.ndarray
-    ) -> np.ndarray:
-        """Feed ``ids`` [B, S] to rows lo..lo+B-1, the first token of row b at cache position
-        ``positions[b]``; logits [M, vocab] for the flattened positions in ``logit_rows``."""
-        b, s = ids.shape
-        io = self._binding(lo, lo + b)
-        seqlens = (positions + (s - 1)).astype(np.int32)
-        io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
-        io.bind_cpu_input("seqlens_k", seqlens)
-        io.bind_cpu_input("total_sequence_length", np.array(int(seqlens.max()) + 1, np.int32))
-        io.bind_cpu_input("logit_rows", np.ascontiguousarray(logit_rows, dtype=np.int64))
-        logits = np.empty((len(logit_rows), self.vocab_size), np.float32)
-        io.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
-        self.session.run_with_iobinding(io)
-        return logits
-
-    def prefill(self, row: int, tokens: np.ndarray, start: int) -> np.ndarray:
-        """Feed tokens to one row from cache position ``start``, in chunks; the last logits."""
-        logits = np.empty(0, np.float32)
-        for i in range(0, len(tokens), MAX_CHUNK):
-            chunk = tokens[i : i + MAX_CHUNK]
-            logits = self.forward(
-                row, chunk[None, :], np.array([start + i]), np.array([len(chunk) - 1])
-            )[0]
-        return logits
 
     # ------------------------------------------------------------------ drafting
 
@@ -241,7 +126,7 @@ class TransformerEngine(DraftEngine):
             else:
                 runs.append([p])
         for run in runs:
-            logits = self.step(
+            logits = self.runner.step(
                 run[0].state.row,
                 np.array([p.feed for p in run], np.int64),
                 np.array([p.position for p in run], np.int32),
@@ -249,15 +134,6 @@ class TransformerEngine(DraftEngine):
             for p, row_logits in zip(run, logits, strict=True):
                 p.state.cached += struct.pack("<I", p.feed)
                 p.logits = row_logits
-
-
-class _DecodeBuffers(NamedTuple):
-    io: ort.IOBinding
-    ids: np.ndarray
-    seqlens: np.ndarray
-    total: np.ndarray
-    rows: np.ndarray
-    logits: np.ndarray
 
 
 @dataclass
@@ -294,7 +170,7 @@ class _Plan:
         plan = cls(state, k, last, n - 1)
         if k and valid < n - 1:
             ids = np.frombuffer(context, "<u4", n - valid, 4 * valid).astype(np.int64)
-            plan.logits = engine.prefill(state.row, ids, valid)
+            plan.logits = engine.runner.prefill(state.row, ids, valid)[-1]
             state.cached = bytearray(context)
             plan.position = n - 1
         else:

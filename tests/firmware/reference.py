@@ -6,9 +6,9 @@ entries. Used to check the engine's StreamingLLM path."""
 from __future__ import annotations
 
 import numpy as np
-from exstill_firmware.engines.rope import cos_sin_tables
 
 from exstill_sdk.image.reader import CardImage
+from exstill_sdk.image.rope import cos_sin_tables
 
 
 def rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

@@ -56,21 +56,21 @@ def test_prefill_decode_chunk_rollback_logits(model_pair, engine) -> None:
     model, _, _ = model_pair
     ids = tokens(40)
     # prefill: logits at every position
-    got = engine.forward(0, np.array([ids[:30]]), np.array([0]), np.arange(30))
+    got = engine.runner.forward(0, np.array([ids[:30]]), np.array([0]), np.arange(30))
     want = hf_logits(model, ids[:30])
     assert np.allclose(got, want, **TOL) and (got.argmax(-1) == want.argmax(-1)).all()
     assert want.std() > 1.0  # logits are far from flat
     # single-token decode at position 30
-    got = engine.forward(0, np.array([[ids[30]]]), np.array([30]), np.array([0]))
+    got = engine.runner.forward(0, np.array([[ids[30]]]), np.array([30]), np.array([0]))
     want = hf_logits(model, ids[:31])[-1:]
     assert np.allclose(got, want, **TOL) and got.argmax() == want.argmax()
     # a multi-token chunk at 31..39
-    got = engine.forward(0, np.array([ids[31:40]]), np.array([31]), np.arange(9))
+    got = engine.runner.forward(0, np.array([ids[31:40]]), np.array([31]), np.arange(9))
     want = hf_logits(model, ids[:40])[31:]
     assert np.allclose(got, want, **TOL) and (got.argmax(-1) == want.argmax(-1)).all()
     # rollback to 20 is a length change: new tokens overwrite positions 20..
     other = tokens(10, seed=1)
-    got = engine.forward(0, np.array([other]), np.array([20]), np.arange(10))
+    got = engine.runner.forward(0, np.array([other]), np.array([20]), np.arange(10))
     want = hf_logits(model, ids[:20] + other)[20:]
     assert np.allclose(got, want, **TOL) and (got.argmax(-1) == want.argmax(-1)).all()
 
@@ -142,8 +142,9 @@ def test_int8_product_bound() -> None:
     bound of the exact product with the dequantised weights: sum over blocks b of
     max|x_b| / 254 * sum_{j in b} |W_ij| (activations rounded to int8 per block)."""
     import onnxruntime as ort
-    from exstill_firmware.engines.onnx_graph import INT8_BLOCK, int8_attributes, int8_blocks
     from onnx import TensorProto, helper, numpy_helper
+
+    from exstill_sdk.image.onnx_graph import INT8_BLOCK, int8_attributes, int8_blocks
 
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -196,6 +197,6 @@ def test_int8_image_drafts_like_its_dequantised_model(model_pair, tmp_path) -> N
                 param.copy_(torch.from_numpy(deq))
     engine = TransformerEngine(image, rows=1, positions=64)
     ids = tokens(20, seed=5)
-    got = engine.forward(0, np.array([ids]), np.array([0]), np.arange(20))
+    got = engine.runner.forward(0, np.array([ids]), np.array([0]), np.arange(20))
     want = hf_logits(model, ids)
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.85

@@ -35,8 +35,7 @@ from onnx import TensorProto, helper
 from exstill_sdk.image.arch import DecoderConfig
 from exstill_sdk.image.format import DType
 from exstill_sdk.image.reader import CardImage
-
-from .rope import cos_sin_tables
+from exstill_sdk.image.rope import cos_sin_tables
 
 OPSET = 17
 INT8_BLOCK = 32

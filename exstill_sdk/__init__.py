@@ -22,6 +22,8 @@ from exstill_sdk.errors import (
     LinkTimeoutError,
     ProtocolError,
     StreamHandleError,
+    TargetOutputError,
+    TokenizerMismatchError,
     TransportError,
     UnknownModelError,
 )
@@ -49,6 +51,8 @@ __all__ = [
     "LinkTimeoutError",
     "ProtocolError",
     "StreamHandleError",
+    "TargetOutputError",
+    "TokenizerMismatchError",
     "TransportError",
     "UnknownModelError",
     "WireMode",

@@ -109,6 +109,19 @@ class BadURLError(ExstillError, ValueError):
     code = ErrorCode.BAD_URL
 
 
+class TokenizerMismatchError(ExstillError):
+    """The target's tokenizer (or vocabulary) is not the one the card's image was made for:
+    its drafts would be token ids of another vocabulary."""
+
+    code = ErrorCode.TOKENIZER_MISMATCH
+
+
+class TargetOutputError(ExstillError):
+    """A target adapter returned logits of the wrong shape, or NaN/infinite values."""
+
+    code = ErrorCode.BAD_TARGET_OUTPUT
+
+
 _CLASS_FOR_CODE: dict[int, type[ExstillError]] = {
     ErrorCode.BAD_FRAME: ProtocolError,
     ErrorCode.UNSUPPORTED_VERSION: ProtocolError,
@@ -129,6 +142,8 @@ _CLASS_FOR_CODE: dict[int, type[ExstillError]] = {
     ErrorCode.DEVICE_NOT_FOUND: DeviceNotFoundError,
     ErrorCode.PERMISSION: DevicePermissionError,
     ErrorCode.BAD_URL: BadURLError,
+    ErrorCode.TOKENIZER_MISMATCH: TokenizerMismatchError,
+    ErrorCode.BAD_TARGET_OUTPUT: TargetOutputError,
 }
 
 

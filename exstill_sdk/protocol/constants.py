@@ -62,6 +62,8 @@ class ErrorCode(IntEnum):
     DEVICE_NOT_FOUND = 0x102
     PERMISSION = 0x103
     BAD_URL = 0x104
+    TOKENIZER_MISMATCH = 0x105
+    BAD_TARGET_OUTPUT = 0x106
 
 
 class ModelKind(IntEnum):

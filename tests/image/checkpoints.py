@@ -25,7 +25,13 @@ def save_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:
 
 
 def save_model(
-    directory: Path, family: str, tie: bool = False, dtype: str = "float32", scale: float = 0.02
+    directory: Path,
+    family: str,
+    tie: bool = False,
+    dtype: str = "float32",
+    scale: float = 0.02,
+    seed: int = 0,
+    base: Path | None = None,
 ) -> Path:
     """A tiny model; ``scale`` is the std of the noise added to every weight (larger values
     make logits far from flat, which exactness tests want)."""
@@ -33,7 +39,7 @@ def save_model(
     import torch
     import transformers as tf
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     common = dict(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -54,6 +60,8 @@ def save_model(
     }[family]
     extra = {"head_dim": 16} if family == "qwen3" else {}
     model = model_cls(config_cls(**common, **extra)).to(getattr(torch, dtype))
+    if base is not None:  # start from another checkpoint's weights (a perturbed copy)
+        model.load_state_dict(model_cls.from_pretrained(base).state_dict())
     with torch.no_grad():  # make every tensor distinctive (norms are all ones at init)
         for p in model.parameters():
             p.add_(torch.randn_like(p) * scale)

@@ -1,0 +1,64 @@
+"""A transformers causal LM as the target, with one KV cache per sequence (cropped on
+rollback), so a decoder serves several sequences with one HF model: HF's own assisted
+generation is limited to batch 1.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
+from exstill_sdk.spec.adapter import TargetAdapter, common_prefix
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Keep ``length`` tokens of a DynamicCache (a negative crop removes tokens from the end
+    in every transformers release that has crop; newer ones refuse positive values)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class HFTarget(TargetAdapter):
+    def __init__(self, model: Any, tokenizer: Any = None) -> None:
+        import torch  # noqa: F401 - the hf extra
+
+        self.model = model.eval()
+        self.vocab_size = int(model.config.vocab_size)
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        self.eos_token_ids = tuple(
+            eos if isinstance(eos, list) else [eos] if eos is not None else []
+        )
+        self.tokenizer = fingerprint_hf_tokenizer(tokenizer) if tokenizer is not None else None
+        self._caches: dict[int, tuple[Any, list[int]]] = {}
+
+    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        import torch
+        from transformers import DynamicCache
+
+        tokens = [*context, *draft]
+        cache, cached = self._caches.get(seq_id, (None, []))
+        if cache is None:
+            cache = DynamicCache()
+        start = min(common_prefix(cached, tokens), len(context) - 1)
+        _crop(cache, start)
+        ids = torch.tensor([tokens[start:]], device=self.model.device)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # cache argument renames
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        self._caches[seq_id] = (out.past_key_values, tokens)
+        return out.logits[0, -(len(draft) + 1) :].float().cpu().numpy()
+
+    def rollback(self, seq_id: int, length: int) -> None:
+        entry = self._caches.get(seq_id)
+        if entry is not None:
+            cache, tokens = entry
+            _crop(cache, length)
+            del tokens[length:]
+
+    def release(self, seq_id: int) -> None:
+        self._caches.pop(seq_id, None)

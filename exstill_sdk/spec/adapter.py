@@ -1,0 +1,58 @@
+"""TargetAdapter: the one interface a target model implements (docs/integrating-a-target.md).
+
+The decoder owns everything else (acceptance, sampling, K, metrics, the card). A target only
+scores drafts and forgets what was rejected:
+
+- ``verify(seq_id, context, draft)``: the target's logits [len(draft) + 1, vocab] for the
+  positions that predict draft[0], draft[1], ..., and the token after the whole draft, given the
+  accepted ``context`` (prompt and every accepted token so far). A target keeps a cache per
+  sequence and only computes what it has not seen.
+- ``rollback(seq_id, length)``: only the first ``length`` tokens of context + draft were
+  accepted; drop the rest from the cache.
+- ``release(seq_id)``: the sequence finished.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+from exstill_sdk.image.tokenizer import TokenizerFingerprint
+
+
+class TargetAdapter(ABC):
+    vocab_size: int
+    """Width of the logits the target returns."""
+    eos_token_ids: tuple[int, ...] = ()
+    """Tokens that end a sequence (the decoder stops after emitting one)."""
+    tokenizer: TokenizerFingerprint | None = None
+    """The target's tokenizer identity; a card stream on an image made for another tokenizer
+    is refused. None skips the hash check (the vocabulary size is still compared)."""
+
+    @abstractmethod
+    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        """Logits [len(draft) + 1, vocab_size] after context, context + draft[:1], ..."""
+
+    @abstractmethod
+    def rollback(self, seq_id: int, length: int) -> None:
+        """Keep the first ``length`` tokens of the sequence's cache."""
+
+    def verify_batch(
+        self, items: Sequence[tuple[int, Sequence[int], Sequence[int]]]
+    ) -> list[np.ndarray]:
+        """Several sequences at once; a target that can batch overrides this."""
+        return [self.verify(seq_id, context, draft) for seq_id, context, draft in items]
+
+    def release(self, seq_id: int) -> None:  # noqa: B027 - optional hook
+        """The sequence finished; free its cache."""
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share (for adapters that reuse a cache)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

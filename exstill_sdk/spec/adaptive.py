@@ -1,0 +1,89 @@
+"""Choosing K, the number of tokens to draft next, per stream.
+
+``FixedK(k)`` always asks for k. ``AdaptiveK`` picks, each round, the K that maximises
+expected emitted tokens per second of round time, from measurements of this stream:
+
+    E[tokens](K) = 1 + sum_{i=1..K} prod_{j=1..i} a_j
+    T(K)         = c + d * K + v(K + 1)
+    K*           = argmax_{1 <= K <= max_k} E[tokens](K) / T(K)
+
+where a_j is the measured probability that drafted position j is accepted given that all
+before it were (Laplace-smoothed counts), d is the measured card wait per drafted token (near
+0 when prefetch answers at once), v(n) is the target's verify time for n tokens (a least-squares
+line through the measured (n, seconds) of the last rounds), and c is the rest of a round's host
+time. Every 8th round it tries K*+1 so that positions beyond K* keep being measured.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class FixedK:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, max_k: int) -> int:
+        return min(self.k, max_k)
+
+    def observe(
+        self, k: int, accepted: int, card_wait_s: float, verify_s: float, other_s: float
+    ) -> None:
+        pass
+
+
+class AdaptiveK:
+    EXPLORE_EVERY = 8
+    HISTORY = 64
+
+    def __init__(self, max_k: int = 8, initial: int = 4) -> None:
+        self.max_k = max_k
+        self.initial = min(initial, max_k)
+        self.reached = np.zeros(max_k + 1)
+        self.accepted = np.zeros(max_k + 1)
+        self.verify: deque[tuple[int, float]] = deque(maxlen=self.HISTORY)
+        self.draft_per_token = 0.0
+        self.other = 0.0
+        self.rounds = 0
+
+    def observe(
+        self, k: int, accepted: int, card_wait_s: float, verify_s: float, other_s: float
+    ) -> None:
+        self.rounds += 1
+        for j in range(1, k + 1):  # position j was reached if all before it were accepted
+            if j - 1 <= accepted:
+                self.reached[j] += 1
+                self.accepted[j] += j <= accepted
+        self.verify.append((k + 1, verify_s))
+        alpha = 0.2
+        if k:
+            self.draft_per_token += alpha * (card_wait_s / k - self.draft_per_token)
+        self.other += alpha * (other_s - self.other)
+
+    def _verify_time(self, n: np.ndarray) -> np.ndarray:
+        if len(self.verify) < 2:
+            return n * 1.0
+        xs = np.array([v[0] for v in self.verify], np.float64)
+        ys = np.array([v[1] for v in self.verify], np.float64)
+        if np.ptp(xs) == 0:
+            return np.full(len(n), ys.mean())
+        slope, intercept = np.polyfit(xs, ys, 1)
+        return np.maximum(intercept + max(slope, 0.0) * n, 1e-9)
+
+    def choose(self, max_k: int) -> int:
+        max_k = min(max_k, self.max_k)
+        if max_k <= 0:
+            return 0
+        if self.rounds < 2:
+            return min(self.initial, max_k)
+        a = (self.accepted[1:] + 1) / (self.reached[1:] + 2)
+        expected = 1 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])  # index = K
+        ks = np.arange(0, self.max_k + 1)
+        time = self.other + self.draft_per_token * ks + self._verify_time(ks + 1)
+        rate = expected / time
+        best = int(np.argmax(rate[1 : max_k + 1])) + 1
+        if self.rounds % self.EXPLORE_EVERY == 0:
+            best = min(best + 1, max_k)
+        return best

@@ -40,6 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument("--rounds", type=int, default=40, help="timed rounds (default 40)")
     en.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     en.add_argument("--json", action="store_true", help="print one JSON object")
+    sp = sub.add_parser(
+        "spec", help="speculative vs plain decoding with the ONNX target; fixed vs adaptive K"
+    )
+    target = sp.add_mutually_exclusive_group(required=True)
+    target.add_argument("--image", help="card image to run as the target")
+    target.add_argument("--synthetic", metavar="LAYERSxHIDDEN", help="a random Llama target")
+    sp.add_argument("--draft-image", help="draft with this image on the card (default: lookup)")
+    sp.add_argument("--new-tokens", type=int, default=128, help="tokens to generate")
+    sp.add_argument("--repeats", type=int, default=2, help="runs per configuration (best kept)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -65,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
                 k=args.k,
                 rounds=args.rounds,
                 hf=not args.no_hf,
+            )
+        elif args.bench == "spec":
+            from exstill_sdk.bench import spec
+
+            result = spec.run(
+                args.image,
+                synthetic=args.synthetic,
+                draft_image=args.draft_image,
+                new_tokens=args.new_tokens,
+                repeats=args.repeats,
             )
         else:  # pragma: no cover - argparse rejects unknown choices
             raise AssertionError(args.bench)

@@ -8,7 +8,8 @@ expected emitted tokens per second of round time, from measurements of this stre
     K*           = argmax_{1 <= K <= max_k} E[tokens](K) / T(K)
 
 where a_j is the measured probability that drafted position j is accepted given that all
-before it were (Laplace-smoothed counts), d is the measured card wait per drafted token (near
+before it were (counts with an optimistic prior of 0.8 worth two rounds, so that positions not
+yet tried look worth trying), d is the measured card wait per drafted token (near
 0 when prefetch answers at once), v(n) is the target's verify time for n tokens (a least-squares
 line through the measured (n, seconds) of the last rounds), and c is the rest of a round's host
 time. Every 8th round it tries K*+1 so that positions beyond K* keep being measured.
@@ -19,6 +20,9 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+
+PRIOR = 0.8
+PRIOR_WEIGHT = 2.0
 
 
 class FixedK:
@@ -38,12 +42,15 @@ class AdaptiveK:
     EXPLORE_EVERY = 8
     HISTORY = 64
 
-    def __init__(self, max_k: int = 8, initial: int = 4) -> None:
+    def __init__(self, max_k: int = 8, initial: int | None = None) -> None:
         self.max_k = max_k
-        self.initial = min(initial, max_k)
+        # With nothing measured yet the prior (acceptance 0.8 everywhere) and unknown costs
+        # favour the longest draft; measurements bring K down when the draft is poor.
+        self.initial = max_k if initial is None else min(initial, max_k)
         self.reached = np.zeros(max_k + 1)
         self.accepted = np.zeros(max_k + 1)
-        self.verify: deque[tuple[int, float]] = deque(maxlen=self.HISTORY)
+        self.verify: deque[tuple[int, float]] = deque()
+        self._sums = np.zeros(5)  # n, sum x, sum y, sum xx, sum xy over self.verify
         self.draft_per_token = 0.0
         self.other = 0.0
         self.rounds = 0
@@ -56,21 +63,29 @@ class AdaptiveK:
             if j - 1 <= accepted:
                 self.reached[j] += 1
                 self.accepted[j] += j <= accepted
+        self._add(k + 1, verify_s, 1.0)
         self.verify.append((k + 1, verify_s))
+        if len(self.verify) > self.HISTORY:
+            self._add(*self.verify.popleft(), -1.0)
         alpha = 0.2
         if k:
             self.draft_per_token += alpha * (card_wait_s / k - self.draft_per_token)
         self.other += alpha * (other_s - self.other)
 
+    def _add(self, x: float, y: float, sign: float) -> None:
+        self._sums += sign * np.array([1.0, x, y, x * x, x * y])
+
     def _verify_time(self, n: np.ndarray) -> np.ndarray:
-        if len(self.verify) < 2:
+        """Least-squares line through the recent (tokens verified, seconds) pairs."""
+        count, sx, sy, sxx, sxy = self._sums
+        if count < 2:
             return n * 1.0
-        xs = np.array([v[0] for v in self.verify], np.float64)
-        ys = np.array([v[1] for v in self.verify], np.float64)
-        if np.ptp(xs) == 0:
-            return np.full(len(n), ys.mean())
-        slope, intercept = np.polyfit(xs, ys, 1)
-        return np.maximum(intercept + max(slope, 0.0) * n, 1e-9)
+        spread = count * sxx - sx * sx
+        if spread <= 1e-12:  # every round verified the same number of tokens
+            return np.full(len(n), sy / count)
+        slope = max((count * sxy - sx * sy) / spread, 0.0)
+        intercept = (sy - slope * sx) / count
+        return np.maximum(intercept + slope * n, 1e-9)
 
     def choose(self, max_k: int) -> int:
         max_k = min(max_k, self.max_k)
@@ -78,7 +93,7 @@ class AdaptiveK:
             return 0
         if self.rounds < 2:
             return min(self.initial, max_k)
-        a = (self.accepted[1:] + 1) / (self.reached[1:] + 2)
+        a = (self.accepted[1:] + PRIOR * PRIOR_WEIGHT) / (self.reached[1:] + PRIOR_WEIGHT)
         expected = 1 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])  # index = K
         ks = np.arange(0, self.max_k + 1)
         time = self.other + self.draft_per_token * ks + self._verify_time(ks + 1)

@@ -302,9 +302,9 @@ class SpeculativeDecoder:
         card_wait = now - t0
         s.metrics.card_wait_s += card_wait
         s.metrics.prefetch_hits += s.draft.prefetch_hit
-        s.policy.observe(
-            len(draft), n, card_wait, verify_s, max(0.0, now - s.round_start - card_wait - verify_s)
-        )
+        if s.metrics.rounds > 1:  # the first verify also processed the whole prompt
+            other = max(0.0, now - s.round_start - card_wait - verify_s)
+            s.policy.observe(len(draft), n, card_wait, verify_s, other)
         s.round_start = now
         return emitted
 

@@ -1,0 +1,116 @@
+"""Typed errors, never a token that is not the target's."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exstill_firmware import CardRuntime
+from exstill_firmware.emulator import TcpCardServer, build_engines
+from exstill_sdk import (
+    ContextFullError,
+    ExstillError,
+    TargetOutputError,
+    TokenizerMismatchError,
+    open_card,
+)
+from exstill_sdk.adapters.onnx import OnnxTarget
+from exstill_sdk.bench.synthetic import write_checkpoint
+from exstill_sdk.image.pack import pack_checkpoint
+from exstill_sdk.spec import SpeculativeDecoder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bad")
+    write_checkpoint(root / "ckpt", layers=1, hidden=64, intermediate=96, heads=4, kv_heads=2,
+                     vocab=32, seed=1, std=0.3)
+    pack_checkpoint(root / "ckpt", root / "tiny.img", "tiny")
+    # the same weights packed for another tokenizer (same size, other strings)
+    other = json.loads((root / "ckpt" / "tokenizer.json").read_text())
+    other["model"]["vocab"] = {f"x{i}": i for i in range(32)}
+    (root / "other-tokenizer.json").write_text(json.dumps(other))
+    pack_checkpoint(root / "ckpt", root / "foreign.img", "foreign",
+                    tokenizer=root / "other-tokenizer.json")
+    write_checkpoint(root / "wide", layers=1, hidden=64, intermediate=96, heads=4, kv_heads=2,
+                     vocab=40, seed=1, std=0.3)
+    pack_checkpoint(root / "wide", root / "wide.img", "wide")
+    return root
+
+
+def test_tokenizer_and_vocabulary_mismatch(tiny: Path) -> None:
+    target = OnnxTarget(tiny / "tiny.img", positions=64)
+    images = f"{tiny / 'foreign.img'},{tiny / 'wide.img'},{tiny / 'tiny.img'}"
+    with open_card(f"emu://?image={images}&context=64") as card:
+        with pytest.raises(TokenizerMismatchError, match="tokenizer"):
+            SpeculativeDecoder(card, target, draft="foreign")
+        with pytest.raises(TokenizerMismatchError, match="40 tokens"):
+            SpeculativeDecoder(card, target, draft="wide")
+        SpeculativeDecoder(card, target, draft="tiny")  # the matching image is fine
+
+
+class Faulty(OnnxTarget):
+    """A target that goes wrong in a given round."""
+
+    def __init__(self, path: Path, fault: str, at_round: int) -> None:
+        super().__init__(path, positions=64)
+        self.fault, self.at_round, self.rounds = fault, at_round, 0
+
+    def verify(self, seq_id, context, draft):
+        logits = super().verify(seq_id, context, draft)
+        self.rounds += 1
+        if self.rounds == self.at_round:
+            if self.fault == "shape":
+                return logits[:-1]
+            logits = logits.copy()
+            logits[0, 0] = np.nan
+        return logits
+
+
+@pytest.mark.parametrize("fault", ["shape", "nan"])
+def test_bad_logits_stop_before_any_unverified_token(tiny: Path, fault: str) -> None:
+    reference = OnnxTarget(tiny / "tiny.img", positions=64).greedy([1, 2, 3], 20)
+    target = Faulty(tiny / "tiny.img", fault, at_round=3)
+    got: list[int] = []
+    with open_card(f"emu://?image={tiny / 'tiny.img'}&context=64") as card:
+        decoder = SpeculativeDecoder(card, target, draft="tiny", k=2)
+        with pytest.raises(TargetOutputError, match="shape|NaN"):
+            for token in decoder.stream([1, 2, 3], 20, stop_token_ids=[]):
+                got.append(token)
+        assert card.stats()["streams_open"] == 0  # the stream was closed
+    assert got and got == reference[: len(got)]
+
+
+def test_prompt_longer_than_the_context(tiny: Path) -> None:
+    target = OnnxTarget(tiny / "tiny.img", positions=64)
+    with open_card(f"emu://?image={tiny / 'tiny.img'}&context=64") as card:
+        decoder = SpeculativeDecoder(card, target, draft="tiny")
+        with pytest.raises(ContextFullError, match="64-token slot"):
+            decoder.generate(list(range(1, 30)) * 2, 10)
+
+
+def test_card_disappearing_mid_round(tiny: Path) -> None:
+    runtime = CardRuntime(4, 128, build_engines([], [tiny / "tiny.img"], 4, 128),
+                          background_prefetch=False)
+    server = TcpCardServer(runtime)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    reference = OnnxTarget(tiny / "tiny.img", positions=128).greedy([4, 5, 6], 60)
+    target = OnnxTarget(tiny / "tiny.img", positions=128)
+    got: list[int] = []
+    card = open_card(server.url, timeout=2)
+    decoder = SpeculativeDecoder(card, target, draft="tiny", k=2)
+    with pytest.raises(ExstillError):
+        for token in decoder.stream([4, 5, 6], 60, stop_token_ids=[]):
+            got.append(token)
+            if len(got) == 10:
+                server.stop()
+                server.close()
+    card.close()
+    thread.join(5)
+    runtime.shutdown()
+    assert len(got) >= 10 and got == reference[: len(got)]

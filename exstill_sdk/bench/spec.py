@@ -88,7 +88,7 @@ def run(
         best = max(fixed, key=lambda r: r["tokens_per_s"])
         # Head to head: the best fixed K and adaptive K again, alternating, best of each.
         with open_card(url) as card:
-            duel = {}
+            duel: dict[int | str, float] = {}
             for k in [best["k"], "adaptive"] * repeats:
                 decoder = SpeculativeDecoder(
                     card,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from exstill_firmware import CardRuntime
 from exstill_firmware.emulator import TcpCardServer, build_engines
+
 from exstill_sdk import (
     ContextFullError,
     ExstillError,
@@ -27,17 +27,36 @@ from exstill_sdk.spec import SpeculativeDecoder
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("bad")
-    write_checkpoint(root / "ckpt", layers=1, hidden=64, intermediate=96, heads=4, kv_heads=2,
-                     vocab=32, seed=1, std=0.3)
+    write_checkpoint(
+        root / "ckpt",
+        layers=1,
+        hidden=64,
+        intermediate=96,
+        heads=4,
+        kv_heads=2,
+        vocab=32,
+        seed=1,
+        std=0.3,
+    )
     pack_checkpoint(root / "ckpt", root / "tiny.img", "tiny")
     # the same weights packed for another tokenizer (same size, other strings)
     other = json.loads((root / "ckpt" / "tokenizer.json").read_text())
     other["model"]["vocab"] = {f"x{i}": i for i in range(32)}
     (root / "other-tokenizer.json").write_text(json.dumps(other))
-    pack_checkpoint(root / "ckpt", root / "foreign.img", "foreign",
-                    tokenizer=root / "other-tokenizer.json")
-    write_checkpoint(root / "wide", layers=1, hidden=64, intermediate=96, heads=4, kv_heads=2,
-                     vocab=40, seed=1, std=0.3)
+    pack_checkpoint(
+        root / "ckpt", root / "foreign.img", "foreign", tokenizer=root / "other-tokenizer.json"
+    )
+    write_checkpoint(
+        root / "wide",
+        layers=1,
+        hidden=64,
+        intermediate=96,
+        heads=4,
+        kv_heads=2,
+        vocab=40,
+        seed=1,
+        std=0.3,
+    )
     pack_checkpoint(root / "wide", root / "wide.img", "wide")
     return root
 
@@ -78,7 +97,7 @@ def test_bad_logits_stop_before_any_unverified_token(tiny: Path, fault: str) -> 
     got: list[int] = []
     with open_card(f"emu://?image={tiny / 'tiny.img'}&context=64") as card:
         decoder = SpeculativeDecoder(card, target, draft="tiny", k=2)
-        with pytest.raises(TargetOutputError, match="shape|NaN"):
+        with pytest.raises(TargetOutputError, match=r"shape|NaN"):
             for token in decoder.stream([1, 2, 3], 20, stop_token_ids=[]):
                 got.append(token)
         assert card.stats()["streams_open"] == 0  # the stream was closed
@@ -94,8 +113,9 @@ def test_prompt_longer_than_the_context(tiny: Path) -> None:
 
 
 def test_card_disappearing_mid_round(tiny: Path) -> None:
-    runtime = CardRuntime(4, 128, build_engines([], [tiny / "tiny.img"], 4, 128),
-                          background_prefetch=False)
+    runtime = CardRuntime(
+        4, 128, build_engines([], [tiny / "tiny.img"], 4, 128), background_prefetch=False
+    )
     server = TcpCardServer(runtime)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -25,8 +25,17 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("tinyvocab")
     paths = []
     for name, seed in (("target", 1), ("draft", 2)):
-        write_checkpoint(root / name, layers=1, hidden=64, intermediate=96, heads=4,
-                         kv_heads=2, vocab=VOCAB, seed=seed, std=0.25)
+        write_checkpoint(
+            root / name,
+            layers=1,
+            hidden=64,
+            intermediate=96,
+            heads=4,
+            kv_heads=2,
+            vocab=VOCAB,
+            seed=seed,
+            std=0.25,
+        )
         pack_checkpoint(root / name, root / f"{name}.img", name)
         paths.append(root / f"{name}.img")
     return paths[0], paths[1]
@@ -51,8 +60,9 @@ def test_token_frequencies_match_the_target(images, mode: WireMode) -> None:
     target = OnnxTarget(target_img, max_sequences=12, positions=64)
     n = 4000
     with open_card(f"emu://?image={draft_img}&context=64") as card:
-        decoder = SpeculativeDecoder(card, target, draft="draft", sampling=params, k=3,
-                                     wire_mode=mode)
+        decoder = SpeculativeDecoder(
+            card, target, draft="draft", sampling=params, k=3, wire_mode=mode
+        )
         results = decoder.generate_batch([PROMPT] * n, 2, stop_token_ids=[])
         assert decoder.metrics.num_accepted_tokens > 0  # the draft is sometimes right
     first = np.bincount([r.tokens[0] for r in results], minlength=VOCAB)

@@ -78,3 +78,31 @@ def test_token_frequencies_match_the_target(images, mode: WireMode) -> None:
     # family-wise false-alarm rate of 1% (Bonferroni)
     assert chi_square_ok(first, p1) > 0.0025
     assert chi_square_ok(second, p2) > 0.0025
+
+
+def test_seeded_runs_are_reproducible(images) -> None:
+    target_img, draft_img = images
+    outputs = []
+    for _ in range(2):
+        target = OnnxTarget(target_img, max_sequences=4, positions=64)
+        with open_card(f"emu://?image={draft_img}&context=64") as card:
+            decoder = SpeculativeDecoder(
+                card, target, draft="draft", k=3, sampling=SamplingParams(temperature=0.9, seed=77)
+            )
+            outputs.append([r.tokens for r in decoder.generate_batch([PROMPT] * 4, 12, [])])
+    assert outputs[0] == outputs[1]
+    assert len({tuple(t) for t in outputs[0]}) > 1  # different sequences, different draws
+
+
+def test_sixteen_users_on_twelve_streams(images) -> None:
+    """More sequences than streams wait in a queue and run as streams free up."""
+    target_img, draft_img = images
+    target = OnnxTarget(target_img, max_sequences=12, positions=64)
+    prompts = [[i % VOCAB, (3 * i) % VOCAB, 5] for i in range(16)]
+    reference = [OnnxTarget(target_img, positions=64).greedy(p, 10) for p in prompts]
+    with open_card(f"emu://?image={draft_img}&context=64&streams=12") as card:
+        decoder = SpeculativeDecoder(card, target, draft="draft", k=3)
+        results = decoder.generate_batch(prompts, 10, stop_token_ids=[])
+        stats_ = card.stats()
+    assert [r.tokens for r in results] == reference
+    assert stats_["streams_opened"] == 16 and stats_["streams_open"] == 0

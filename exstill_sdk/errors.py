@@ -101,6 +101,19 @@ class DeviceNotFoundError(TransportError):
     code = ErrorCode.DEVICE_NOT_FOUND
 
 
+class DeviceLostError(TransportError):
+    """The card reset or vanished: whatever was in flight is lost. ``Card.reconnect()``
+    restores the link (the card's streams are gone; SpeculativeDecoder re-opens its own)."""
+
+    code = ErrorCode.DEVICE_LOST
+
+
+class DeviceBusyError(TransportError):
+    """Another process (or a kernel driver) holds the card."""
+
+    code = ErrorCode.DEVICE_BUSY
+
+
 class DevicePermissionError(TransportError, PermissionError):
     code = ErrorCode.PERMISSION
 
@@ -140,6 +153,8 @@ _CLASS_FOR_CODE: dict[int, type[ExstillError]] = {
     ErrorCode.TIMEOUT: LinkTimeoutError,
     ErrorCode.LINK: TransportError,
     ErrorCode.DEVICE_NOT_FOUND: DeviceNotFoundError,
+    ErrorCode.DEVICE_LOST: DeviceLostError,
+    ErrorCode.DEVICE_BUSY: DeviceBusyError,
     ErrorCode.PERMISSION: DevicePermissionError,
     ErrorCode.BAD_URL: BadURLError,
     ErrorCode.TOKENIZER_MISMATCH: TokenizerMismatchError,

@@ -19,6 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
         "The first line of stdout is the URL to pass to open_card() (port 0 picks a free one).",
     )
     p.add_argument("--listen", default="tcp://127.0.0.1:0", help="tcp://HOST:PORT to serve on")
+    p.add_argument(
+        "--serial",
+        choices=["pty"],
+        help="serve on a serial line instead: 'pty' opens a pseudo-terminal pair and prints "
+        "its serial:// URL",
+    )
     p.add_argument("--streams", type=int, default=12, help="stream slots (default 12)")
     p.add_argument("--context", type=int, default=16384, help="tokens per slot (default 16384)")
     p.add_argument(
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         format="exstill-emu: %(message)s",
     )
     from exstill_firmware import CardRuntime
-    from exstill_firmware.emulator import TcpCardServer, build_engines
+    from exstill_firmware.emulator import PtyCardServer, TcpCardServer, build_engines
 
     listen = urlsplit(args.listen)
     try:
@@ -68,12 +74,21 @@ def main(argv: list[str] | None = None) -> int:
             prefetch=not args.no_prefetch,
             background_prefetch=False,
         )
-        server = TcpCardServer(runtime, listen.hostname, listen.port)
+        server: TcpCardServer | PtyCardServer = (
+            PtyCardServer(runtime)
+            if args.serial
+            else TcpCardServer(runtime, listen.hostname, listen.port)
+        )
     except (ExstillError, ValueError, OSError) as exc:
         print(f"exstill-emu: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"url": server.url, "host": server.host, "port": server.port}), flush=True)
+        where = (
+            {"path": server.path}
+            if isinstance(server, PtyCardServer)
+            else {"host": server.host, "port": server.port}
+        )
+        print(json.dumps({"url": server.url, **where}), flush=True)
     else:
         print(server.url, flush=True)
 

@@ -64,6 +64,8 @@ class ErrorCode(IntEnum):
     BAD_URL = 0x104
     TOKENIZER_MISMATCH = 0x105
     BAD_TARGET_OUTPUT = 0x106
+    DEVICE_LOST = 0x107
+    DEVICE_BUSY = 0x108
 
 
 class ModelKind(IntEnum):

@@ -76,6 +76,8 @@ def int_param(params: dict[str, str], key: str, default: int) -> int:
 _REGISTRY: dict[str, str | type[Transport]] = {
     "emu": "exstill_sdk.transport.emu:EmuTransport",
     "tcp": "exstill_sdk.transport.tcp:TcpTransport",
+    "serial": "exstill_sdk.transport.serial:SerialTransport",
+    "usb": "exstill_sdk.transport.usb:UsbTransport",
 }
 
 

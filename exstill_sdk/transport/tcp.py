@@ -7,7 +7,13 @@ import struct
 import time
 from urllib.parse import SplitResult
 
-from exstill_sdk.errors import BadURLError, DeviceNotFoundError, LinkTimeoutError, TransportError
+from exstill_sdk.errors import (
+    BadURLError,
+    DeviceLostError,
+    DeviceNotFoundError,
+    LinkTimeoutError,
+    TransportError,
+)
 from exstill_sdk.transport.bytestream import ByteStreamTransport
 
 _TIMEVAL = struct.Struct("@ll")
@@ -50,7 +56,7 @@ class TcpTransport(ByteStreamTransport):
         try:
             self._sock.sendall(data)
         except OSError as exc:
-            raise TransportError(
+            raise DeviceLostError(
                 f"link to {self.url or 'card'} lost while sending: {exc}"
             ) from None
 
@@ -72,9 +78,9 @@ class TcpTransport(ByteStreamTransport):
                 f"no reply from {self.url or 'card'} before the deadline"
             ) from None
         except OSError as exc:
-            raise TransportError(f"link to {self.url or 'card'} lost: {exc}") from None
+            raise DeviceLostError(f"link to {self.url or 'card'} lost: {exc}") from None
         if n == 0:
-            raise TransportError(f"{self.url or 'the card'} closed the connection")
+            raise DeviceLostError(f"{self.url or 'the card'} closed the connection")
         return n
 
     def close(self) -> None:

@@ -1,6 +1,8 @@
 """Glue that serves the card runtime on a host link (what a card's USB/serial front end does)."""
 
+from .link import SingleHostLink
 from .loading import build_engines
+from .serial_server import PtyCardServer
 from .tcp_server import TcpCardServer
 
-__all__ = ["TcpCardServer", "build_engines"]
+__all__ = ["PtyCardServer", "SingleHostLink", "TcpCardServer", "build_engines"]

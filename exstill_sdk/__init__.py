@@ -7,6 +7,7 @@
 """
 
 from exstill_sdk.card import Card, CardInfo, Draft, DraftStream, open_card
+from exstill_sdk.discovery import DeviceInfo, list_devices
 from exstill_sdk.errors import (
     BadURLError,
     CardFullError,
@@ -42,6 +43,7 @@ __all__ = [
     "CheckpointError",
     "ContextFullError",
     "DeviceBusyError",
+    "DeviceInfo",
     "DeviceLostError",
     "DeviceNotFoundError",
     "DevicePermissionError",
@@ -61,5 +63,6 @@ __all__ = [
     "UnknownModelError",
     "WireMode",
     "__version__",
+    "list_devices",
     "open_card",
 ]

@@ -9,20 +9,24 @@ Replies whose id nobody waits for any more (late or duplicate) are counted and d
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 from typing import NamedTuple
 from zlib import crc32
 
 from exstill_sdk.errors import (
+    DeviceLostError,
     ExstillError,
     InvalidArgumentError,
     LinkTimeoutError,
     ProtocolError,
+    TransportError,
     UnknownModelError,
     error_for_code,
 )
@@ -34,6 +38,7 @@ from exstill_sdk.protocol.constants import (
     PROTOCOL_VERSION,
     RESPONSE_BIT,
     DraftFlags,
+    ErrorCode,
     Features,
     ModelKind,
     Opcode,
@@ -102,6 +107,8 @@ class Card:
         self.dropped_replies = 0
         """Late, duplicate or corrupt reply frames this client discarded."""
         self._closed = False
+        self._client = client
+        self._streams: weakref.WeakSet[DraftStream] = weakref.WeakSet()
         try:
             self._info = self._hello(client)
         except BaseException:
@@ -134,6 +141,12 @@ class Card:
             return reply
         if op == Opcode.ERROR:
             err = m.decode_error_reply(reply[HEADER_SIZE:-CRC_SIZE])
+            if err.code == ErrorCode.HANDSHAKE_REQUIRED and opcode != Opcode.HELLO:
+                # we did shake hands: the card restarted and forgot this session
+                raise DeviceLostError(
+                    f"{self.url or 'the card'} restarted (it asks for a new handshake); "
+                    "reconnect() and open streams again"
+                )
             raise error_for_code(err.code, err.message)
         raise ProtocolError(f"reply opcode 0x{op:02x} does not answer request 0x{opcode:02x}")
 
@@ -284,7 +297,27 @@ class Card:
         )
         reply = m.decode_open_reply(self._request(Opcode.OPEN, m.encode_open_request(req)))
         capacity = (1 << 62) if long_context else reply.context
-        return DraftStream(self, reply.handle, capacity, reply.max_k, name)
+        stream = DraftStream(self, reply.handle, capacity, reply.max_k, name)
+        self._streams.add(stream)
+        return stream
+
+    def reconnect(self) -> None:
+        """Open the link again (same URL) and shake hands, after a DeviceLostError. Streams
+        opened before are gone on the card; their DraftStream objects are marked closed."""
+        if not self.url:
+            raise TransportError("this Card was made from a transport, not a URL: reopen it")
+        for stream in list(self._streams):
+            stream.closed = True
+        self._streams.clear()
+        with contextlib.suppress(ExstillError, OSError):
+            self._transport.close()
+        tracing = isinstance(self._transport, TracingTransport)
+        transport = open_transport(self.url, self.timeout)
+        self._transport = TracingTransport(transport) if tracing else transport
+        self._pending.clear()
+        self._done.clear()
+        self._closed = False
+        self._info = self._hello(self._client)
 
     def close(self) -> None:
         if not self._closed:

@@ -21,6 +21,7 @@ from exstill_sdk.card import Card, Draft, DraftStream
 from exstill_sdk.errors import (
     CardFullError,
     ContextFullError,
+    DeviceLostError,
     InvalidArgumentError,
     TargetOutputError,
     TokenizerMismatchError,
@@ -38,6 +39,15 @@ from exstill_sdk.spec.metrics import SpecMetrics
 from exstill_sdk.spec.sampling import SamplingParams, target_probs
 
 FinishReason = Literal["stop", "length"]
+RECONNECT_ATTEMPTS = 3
+RECONNECT_PAUSE = 0.2
+
+
+class _StreamLost(Exception):
+    """A COMMIT found the card gone; the round's tokens (already verified) still count."""
+
+    def __init__(self, emitted: list[int]) -> None:
+        self.emitted = emitted
 
 
 @dataclass
@@ -101,6 +111,8 @@ class SpeculativeDecoder:
         if draft is not None:
             self._check_target(draft)
         self.metrics = SpecMetrics(max_k=self.max_k)
+        self.reconnects = 0
+        """Times the decoder re-established the card link and re-opened its streams."""
         self._next_index = 0
 
     def _check_target(self, name: str) -> None:
@@ -213,15 +225,24 @@ class SpeculativeDecoder:
                         if not active:
                             raise
                         break  # wait for a running sequence to free its stream
+                    except DeviceLostError:
+                        self._recover(active)
+                        continue
                     active.append(pending.popleft())
                 items = [(s.index, s.tokens, list(s.draft.tokens)) for s in active]  # type: ignore[union-attr]
                 t0 = time.perf_counter()
                 all_logits = self.target.verify_batch(items)
                 verify_each = (time.perf_counter() - t0) / len(active)
+                lost = False
                 for s, logits in zip(active, all_logits, strict=True):
-                    emitted = self._round(s, logits, verify_each)
+                    try:
+                        emitted = self._round(s, logits, verify_each)
+                    except _StreamLost as exc:
+                        emitted, lost = exc.emitted, True
                     yield s, emitted
                 active = [s for s in active if s.finish is None]
+                if lost:
+                    self._recover(active)
         finally:
             for s in active + list(pending):
                 self._finish(s)
@@ -252,7 +273,7 @@ class SpeculativeDecoder:
             s.stream = self.card.open_stream(target=self.draft_target, **kw)  # type: ignore[arg-type]
         else:
             s.stream = self.card.open_stream(self.engine, **kw)  # type: ignore[arg-type]
-        s.stream.prefill(s.prompt)
+        s.stream.prefill(s.tokens)  # the prompt, or after a reconnect everything so far
         k = s.policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
         s.draft = s.stream.draft(k)
@@ -297,7 +318,11 @@ class SpeculativeDecoder:
         k = s.policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
         t0 = time.perf_counter()
-        s.draft = s.stream.commit(n, token, k)
+        try:
+            s.draft = s.stream.commit(n, token, k)
+        except DeviceLostError:
+            s.draft = None
+            raise _StreamLost(emitted) from None
         now = time.perf_counter()
         card_wait = now - t0
         s.metrics.card_wait_s += card_wait
@@ -307,6 +332,23 @@ class SpeculativeDecoder:
             s.policy.observe(len(draft), n, card_wait, verify_s, other)
         s.round_start = now
         return emitted
+
+    def _recover(self, active: list[_Sequence]) -> None:
+        """The card reset or the link dropped: reconnect, then give every running sequence a
+        new stream holding its whole context and a fresh draft. The target decides every
+        token, so the output is the same as without the interruption."""
+        for attempt in range(RECONNECT_ATTEMPTS):
+            try:
+                self.card.reconnect()
+                for s in active:
+                    s.stream = None
+                    self._start(s)
+                self.reconnects += 1
+                return
+            except DeviceLostError:
+                if attempt + 1 == RECONNECT_ATTEMPTS:
+                    raise
+                time.sleep(RECONNECT_PAUSE * (attempt + 1))
 
     def _finish(self, s: _Sequence) -> None:
         if s.stream is not None:

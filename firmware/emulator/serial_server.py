@@ -30,6 +30,7 @@ class PtyCardServer:
         self.path = os.ttyname(self._terminal)
         self._stop_r, self._stop_w = os.pipe()
         self._stopped = threading.Event()
+        self._reset = threading.Event()
 
     @property
     def url(self) -> str:
@@ -41,6 +42,12 @@ class PtyCardServer:
             self._stopped.set()
             os.write(self._stop_w, b"\x00")
 
+    def reset(self) -> None:
+        """Simulate a card restart: the host's session (and its streams) is forgotten; the
+        next stream request gets HANDSHAKE_REQUIRED, which the SDK reports as DeviceLost."""
+        self._reset.set()
+        os.write(self._stop_w, b"\x01")
+
     def serve_forever(self) -> None:
         link = SingleHostLink(self.runtime, self.path)
         deframer = Deframer()
@@ -48,7 +55,15 @@ class PtyCardServer:
             while not self._stopped.is_set():
                 ready, _, _ = select.select([self.master, self._stop_r], [], [])
                 if self._stop_r in ready:
-                    break
+                    os.read(self._stop_r, 64)
+                    if self._reset.is_set():
+                        self._reset.clear()
+                        link.close()
+                        link = SingleHostLink(self.runtime, self.path)
+                        deframer = Deframer()
+                    if self._stopped.is_set():
+                        break
+                    continue
                 try:
                     data = os.read(self.master, 1 << 16)
                 except OSError:  # no terminal end open (cannot happen while we hold one)

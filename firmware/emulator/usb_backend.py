@@ -47,6 +47,8 @@ class EmulatedCard:
     plugged: bool = True
     configuration: int = 0
     kernel_driver: bool = True
+    denied: bool = False
+    """Refuse to open, as a device node without permission does (errno 13)."""
     claimed_by: object | None = None
     faults: deque[str] = field(default_factory=deque)
     replies: deque[bytes] = field(default_factory=deque)
@@ -86,7 +88,7 @@ class EmulatedCard:
         return (int(major) << 8) | int(minor)
 
 
-@dataclass
+@dataclass(eq=False)  # handles compare by identity, as libusb handles do
 class _Handle:
     card: EmulatedCard
     generation: int
@@ -203,6 +205,8 @@ class EmulatedUsbBackend(usb.backend.IBackend):
     def open_device(self, dev: EmulatedCard) -> _Handle:
         if not dev.plugged:
             raise _fail(errno.ENODEV, "No such device")
+        if dev.denied:
+            raise _fail(errno.EACCES, "Access denied (insufficient permissions)")
         return _Handle(dev, dev.generation)
 
     def close_device(self, dev_handle: _Handle) -> None:
@@ -222,7 +226,7 @@ class EmulatedUsbBackend(usb.backend.IBackend):
         card = self._live(dev_handle)
         if card.kernel_driver:
             raise _fail(errno.EBUSY, "Resource busy (a kernel driver holds the interface)")
-        if card.claimed_by not in (None, dev_handle):
+        if card.claimed_by is not None and card.claimed_by is not dev_handle:
             raise _fail(errno.EBUSY, "Resource busy (another handle claimed the interface)")
         card.claimed_by = dev_handle
 

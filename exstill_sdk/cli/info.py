@@ -1,0 +1,121 @@
+"""exstill-info: list cards, and show a card's versions, streams, targets and telemetry."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from exstill_sdk.errors import ExstillError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="exstill-info",
+        description="List Exstill cards (USB, serial, and emulator URLs you name) or show one "
+        "card's firmware, streams, targets and telemetry.",
+    )
+    p.add_argument("--list", action="store_true", help="list cards")
+    p.add_argument("--url", action="append", default=[], help="a card URL (repeatable with --list)")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    p.add_argument("--iterations", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="JSON output (one object per refresh)")
+    return p
+
+
+def snapshot(url: str) -> dict[str, Any]:
+    from exstill_sdk.card import open_card
+
+    with open_card(url, timeout=3) as card:
+        info, stats = card.info(), card.stats()
+    return {
+        "url": url,
+        "firmware": info.firmware,
+        "protocol_version": info.protocol_version,
+        "streams": {"in_use": stats.get("streams_open", 0), "slots": info.slots},
+        "context": info.context,
+        "max_k": info.max_k,
+        "features": str(info.features),
+        "engines": list(info.engines),
+        "targets": [
+            {
+                "name": t.name,
+                "vocab_size": t.vocab_size,
+                "tokenizer_sha256": t.tokenizer_sha256.hex(),
+            }
+            for t in info.targets
+        ],
+        "telemetry": stats,
+    }
+
+
+def _human(s: dict[str, Any]) -> str:
+    lines = [
+        f"{s['url']}: {s['firmware']}, protocol v{s['protocol_version']}",
+        f"  streams   {s['streams']['in_use']} of {s['streams']['slots']} in use, "
+        f"{s['context']} tokens each, max K {s['max_k']}",
+        f"  engines   {', '.join(s['engines']) or 'none'}",
+        "  targets   "
+        + (
+            ", ".join(
+                f"{t['name']} (vocab {t['vocab_size']}, tokenizer {t['tokenizer_sha256'][:12]})"
+                for t in s["targets"]
+            )
+            or "none"
+        ),
+    ]
+    t = s["telemetry"]
+    rounds = t.get("rounds", 0)
+    lines.append(
+        f"  rounds    {rounds}, drafted {t.get('draft_tokens', 0)}, accepted "
+        f"{t.get('accepted_tokens', 0)}, prefetch hits {t.get('prefetch_hits', 0)}"
+        f"/{t.get('prefetch_hits', 0) + t.get('prefetch_misses', 0) + t.get('prefetch_late', 0)}"
+    )
+    errors = {k: v for k, v in t.items() if k.startswith("errors.") and v}
+    lines.append("  errors    " + (", ".join(f"{k[7:]} {v}" for k, v in errors.items()) or "none"))
+    lines.append(f"  frames    {t.get('frames', 0)} served, {t.get('frames_dropped', 0)} dropped")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.list:
+            from exstill_sdk.discovery import list_devices
+
+            devices = list_devices(args.url)
+            if args.json:
+                print(json.dumps([d.to_dict() for d in devices]))
+            elif not devices:
+                print("no cards found (USB, serial); name emulators with --url")
+            else:
+                for d in devices:
+                    print(f"{d.url:<40} {d.kind:<7} {d.description}")
+            return 0
+        if len(args.url) != 1:
+            print("exstill-info: give --list, or one --url", file=sys.stderr)
+            return 2
+        count = 0
+        while True:
+            s = snapshot(args.url[0])
+            if args.json:
+                print(json.dumps(s), flush=True)
+            else:
+                if args.watch:
+                    print("\033[2J\033[H", end="")
+                print(_human(s), flush=True)
+            count += 1
+            if not args.watch or (args.iterations and count >= args.iterations):
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+    except ExstillError as exc:
+        print(f"exstill-info: {exc.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

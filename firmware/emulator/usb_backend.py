@@ -3,7 +3,8 @@
 ``EmulatedUsbBackend`` implements pyusb's backend interface (``usb.backend.IBackend``): it
 enumerates emulated cards with real descriptors (device, one configuration, a vendor-specific
 interface with a bulk OUT and a bulk IN endpoint, manufacturer / product / serial / interface
-strings, bcdDevice from the firmware version) and routes bulk transfers to the card runtime.
+strings, the firmware version as the configuration string and in bcdDevice) and routes bulk
+transfers to the card runtime.
 ``usb.core.find`` and the SDK's whole ``usb://`` transport run unmodified against it.
 
 Faults for tests: ``card.inject("stall" | "timeout", count)`` fails the next transfers as a
@@ -33,7 +34,12 @@ from .link import SingleHostLink
 
 EP_OUT, EP_IN = 0x01, 0x81
 MAX_PACKET = 512
-STRINGS = {1: "Exstill", 2: "Exstill draft card (emulated)", 4: "exstill-draft"}
+STRINGS = {
+    1: "Exstill",
+    2: "Exstill draft card (emulated)",
+    4: "exstill-draft",
+    5: f"firmware exstill-emu {__version__}",
+}
 
 
 @dataclass
@@ -155,7 +161,7 @@ class EmulatedUsbBackend(usb.backend.IBackend):
             wTotalLength=32,
             bNumInterfaces=1,
             bConfigurationValue=1,
-            iConfiguration=0,
+            iConfiguration=5,
             bmAttributes=0x80,
             bMaxPower=250,
             extra_descriptors=[],

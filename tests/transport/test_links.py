@@ -150,6 +150,18 @@ def test_usb_open_sequence_and_faults() -> None:
     card = Card("usb")
     usb_card = card.usb_card
     assert usb_card.kernel_driver and usb_card.configuration == 0
+    import usb.core
+    import usb.util
+
+    from exstill_sdk.transport.usb import _backend
+
+    device = usb.core.find(
+        idVendor=0x1209, idProduct=0xE511, backend=_backend(card.url.rsplit("=", 1)[1])
+    )
+    assert (device.manufacturer, device.serial_number) == ("Exstill", "EMU0001")
+    assert "Exstill draft card" in device.product
+    assert usb.util.get_string(device, 5).startswith("firmware exstill-emu ")
+    usb.util.dispose_resources(device)
     with open_card(card.url, timeout=1) as c:
         assert not usb_card.kernel_driver and usb_card.configuration == 1  # detached, configured
         s = c.open_stream()

@@ -48,8 +48,8 @@ from exstill_sdk.protocol.constants import (
 from exstill_sdk.protocol.frame import CRC, HEADER, seal
 from exstill_sdk.transport import TracingTransport, Transport, open_transport
 
-COMMIT_FRAME = struct.Struct("<BBHIHBBI")
-DRAFT_FRAME = struct.Struct("<BBHIHB")
+COMMIT_FRAME = struct.Struct("<BBHIIBBI")
+DRAFT_FRAME = struct.Struct("<BBHIIB")
 _DRAFT_HEAD = m.DRAFT_REPLY_HEAD
 _TOKENS = m.TOKENS
 _HIT = int(DraftFlags.PREFETCH_HIT)
@@ -136,6 +136,10 @@ class Card:
             reply = self._await(rid, deadline)
         finally:
             self._pending.discard(rid)
+        return self._check_reply(reply, opcode)
+
+    def _check_reply(self, reply: bytes, opcode: int) -> bytes:
+        """The reply frame if it answers ``opcode``; the card's error, raised, otherwise."""
         op = reply[1]
         if op == opcode | RESPONSE_BIT:
             return reply
@@ -240,6 +244,57 @@ class Card:
             engines=reply.engines,
             targets=reply.targets,
         )
+
+    # ------------------------------------------------------------ image store
+
+    def send_pipelined(self, opcode: Opcode, payload: bytes) -> int:
+        """Send a request without waiting (pipelining); ``receive_pipelined(rid, opcode)``
+        returns its reply payload later. Replies arrive in order of sending."""
+        self._check_open()
+        rid = self._next_rid()
+        frame = seal(HEADER.pack(PROTOCOL_VERSION, opcode, rid, 0, len(payload)) + payload)
+        try:
+            with self._send_lock:
+                self._transport.send_frame(frame)
+        except BaseException:
+            self._pending.discard(rid)
+            raise
+        return rid
+
+    def receive_pipelined(self, rid: int, opcode: Opcode, timeout: float | None = None) -> bytes:
+        try:
+            reply = self._await(rid, time.monotonic() + (timeout or self.timeout))
+        finally:
+            self._pending.discard(rid)
+        return self._check_reply(reply, opcode)[HEADER_SIZE:-CRC_SIZE]
+
+    def upload_begin(self, req: m.UploadBegin) -> tuple[int, int]:
+        """Start or resume an upload: (offset to send from, largest chunk)."""
+        offset, max_chunk = m.UPLOAD_BEGIN_REPLY.unpack(
+            self._request(Opcode.UPLOAD_BEGIN, m.encode_upload_begin(req))
+        )
+        return offset, max_chunk
+
+    def upload_end(self, timeout: float | None = None) -> bytes:
+        """Finish the upload; the card checks it in full. Returns the digest it verified."""
+        return self._request(Opcode.UPLOAD_END, b"", timeout=timeout)
+
+    def activate(self, target: str) -> None:
+        """Serve the newly uploaded image of ``target`` on trial (until confirmed)."""
+        self._request(Opcode.ACTIVATE, m.encode_name(target), timeout=max(self.timeout, 60))
+
+    def confirm(self, target: str) -> None:
+        self._request(Opcode.CONFIRM, m.encode_name(target))
+
+    def revert(self, target: str) -> None:
+        """Drop the image on trial, or go back to the previously confirmed one."""
+        self._request(Opcode.REVERT, m.encode_name(target), timeout=max(self.timeout, 60))
+
+    def erase(self, target: str) -> None:
+        self._request(Opcode.ERASE, m.encode_name(target))
+
+    def list_images(self) -> list[m.ImageEntry]:
+        return m.decode_image_list(self._request(Opcode.LIST_IMAGES))
 
     def info(self) -> CardInfo:
         """What the card said about itself in the handshake."""

@@ -85,6 +85,25 @@ class ImageSignatureError(ImageError):
     code = ErrorCode.BAD_SIGNATURE
 
 
+class StoreFullError(ExstillError):
+    """The card's image store has no room for another target (or for this image)."""
+
+    code = ErrorCode.STORE_FULL
+
+
+class DowngradeRefusedError(ExstillError):
+    """The image is older than the target's confirmed image; flash with --allow-downgrade."""
+
+    code = ErrorCode.DOWNGRADE_REFUSED
+
+
+class ChunkError(ExstillError):
+    """An upload chunk arrived corrupted or out of place; the uploader re-sends from the
+    offset the card names."""
+
+    code = ErrorCode.BAD_CHUNK
+
+
 class TransportError(ExstillError, OSError):
     """The link to the card failed."""
 
@@ -150,6 +169,9 @@ _CLASS_FOR_CODE: dict[int, type[ExstillError]] = {
     ErrorCode.INTERNAL: CardInternalError,
     ErrorCode.BAD_IMAGE: ImageError,
     ErrorCode.BAD_SIGNATURE: ImageSignatureError,
+    ErrorCode.STORE_FULL: StoreFullError,
+    ErrorCode.DOWNGRADE_REFUSED: DowngradeRefusedError,
+    ErrorCode.BAD_CHUNK: ChunkError,
     ErrorCode.TIMEOUT: LinkTimeoutError,
     ErrorCode.LINK: TransportError,
     ErrorCode.DEVICE_NOT_FOUND: DeviceNotFoundError,

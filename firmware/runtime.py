@@ -27,6 +27,7 @@ from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import (
     CRC_SIZE,
     FRAME_OVERHEAD,
+    HEADER_SIZE,
     MAX_DIST_ENTRIES,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
@@ -43,7 +44,9 @@ from exstill_sdk.protocol.frame import CRC, HEADER, seal
 
 from . import __version__
 from .engines import DraftEngine, LookupEngine, Sampling
+from .flashing import StoreService, transformer_factory
 from .prefetch import Prefetcher
+from .store import Store
 from .streams import Session, Stream, StreamTable
 from .telemetry import Telemetry
 
@@ -59,6 +62,7 @@ DRAFT_HEAD = m.DRAFT_REPLY_HEAD
 COMMIT = m.COMMIT_REQUEST
 _STREAM_OPS = frozenset(
     {Opcode.OPEN, Opcode.CLOSE, Opcode.PREFILL, Opcode.DRAFT, Opcode.COMMIT, Opcode.ROLLBACK}
+    | {op for op in Opcode if 0x20 <= op <= 0x2F}  # the image store's requests too
 )
 
 
@@ -71,6 +75,7 @@ class CardRuntime:
         max_k: int = DEFAULT_MAX_K,
         prefetch: bool = True,
         background_prefetch: bool = True,
+        store: Store | None = None,
     ) -> None:
         """``prefetch`` drafts ahead between rounds; with ``background_prefetch`` a worker
         thread does it, otherwise the serving loop calls ``run_prefetch`` when idle."""
@@ -98,6 +103,10 @@ class CardRuntime:
             Opcode.COMMIT: self._commit,
             Opcode.ROLLBACK: self._rollback,
         }
+        self.store = None
+        if store is not None:
+            self.store = StoreService(self, store, transformer_factory(slots, context))
+            self._handlers.update(self.store.handlers())
 
     # ------------------------------------------------------------ sessions and frames
 
@@ -150,7 +159,7 @@ class CardRuntime:
                     raise ProtocolError(
                         "send HELLO before using streams", ErrorCode.HANDSHAKE_REQUIRED
                     )
-                payload = handler(session, handle, frame[10 : n - CRC_SIZE])
+                payload = handler(session, handle, frame[HEADER_SIZE : n - CRC_SIZE])
             except ExstillError as exc:
                 return self._error(rid, handle, exc.code, exc.message)
             except Exception as exc:  # a runtime bug must not take the card down

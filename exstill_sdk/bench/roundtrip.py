@@ -20,7 +20,9 @@ from urllib.parse import urlsplit
 
 from exstill_sdk.bench.placement import listening_pid, placed
 from exstill_sdk.card import Card, open_card
+from exstill_sdk.protocol.constants import FRAME_OVERHEAD
 from exstill_sdk.protocol.framing import encode_stream_frame
+from exstill_sdk.protocol.messages import COMMIT_REQUEST
 from exstill_sdk.transport.base import Transport
 from exstill_sdk.transport.bytestream import ByteStreamTransport
 
@@ -171,7 +173,10 @@ def run(
         rounds_state.timed(100)
         card._transport = counter.inner
         bytes_per_round = counter.bytes / 100
-        request_bytes = len(encode_stream_frame(bytes(20))) if counter.framed else 20
+        commit_frame = FRAME_OVERHEAD + COMMIT_REQUEST.size
+        request_bytes = (
+            len(encode_stream_frame(bytes(commit_frame))) if counter.framed else commit_frame
+        )
         reply_bytes = round(bytes_per_round) - request_bytes
         rounds_state.reset_if_long()
 

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--new-tokens", type=int, default=128, help="tokens to generate")
     sp.add_argument("--repeats", type=int, default=2, help="runs per configuration (best kept)")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
+    fl.add_argument("--url", required=True, help="a card with an image store")
+    fl.add_argument("--size-mb", type=int, default=256, help="image size (default 256 MB)")
+    fl.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -76,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                 rounds=args.rounds,
                 hf=not args.no_hf,
             )
+        elif args.bench == "flash":
+            from exstill_sdk.bench import flash
+
+            result = flash.run(args.url, args.size_mb)
         elif args.bench == "spec":
             from exstill_sdk.bench import spec
 

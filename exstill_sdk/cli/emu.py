@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--trusted-keys",
         help="directory of trusted *.pub keys: refuse images not signed by one of them",
     )
+    p.add_argument("--store", help="image store directory (flashed targets; survives restarts)")
+    p.add_argument(
+        "--power-cut-after",
+        type=int,
+        metavar="BYTES",
+        help="fault injection: cut power once the store has written BYTES bytes",
+    )
     p.add_argument("--max-k", type=int, default=16, help="largest K a stream may ask for")
     p.add_argument("--no-prefetch", action="store_true", help="disable next-draft prefetch")
     p.add_argument("--json", action="store_true", help="print the first line as JSON")
@@ -66,10 +73,19 @@ def main(argv: list[str] | None = None) -> int:
         engines = build_engines(
             args.engine or ["lookup"], args.image, args.streams, args.context, args.trusted_keys
         )
+        store = None
+        if args.store:
+            from exstill_firmware.store import Store
+
+            from exstill_sdk.image import load_trusted_keys
+
+            trusted = load_trusted_keys(args.trusted_keys) if args.trusted_keys else None
+            store = Store(args.store, trusted_keys=trusted, fault_after_bytes=args.power_cut_after)
         runtime = CardRuntime(
             args.streams,
             args.context,
             engines,
+            store=store,
             max_k=args.max_k,
             prefetch=not args.no_prefetch,
             background_prefetch=False,
@@ -101,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         server.serve_forever()
     finally:
         runtime.shutdown()
+    if getattr(server, "powered_off", False):
+        print("exstill-emu: power cut (fault injection)", file=sys.stderr)
+        return 75
     stats = runtime.telemetry.snapshot(0)
     print(
         f"exstill-emu: stopped after {stats['frames']} frames, {stats['rounds']} rounds",

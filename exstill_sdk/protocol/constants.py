@@ -7,11 +7,11 @@ from enum import IntEnum, IntFlag
 PROTOCOL_VERSION = 1
 """The only frame version this code speaks; HELLO negotiates it."""
 
-HEADER_SIZE = 10
-"""version u8, opcode u8, request_id u16, handle u32, length u16."""
+HEADER_SIZE = 12
+"""version u8, opcode u8, request_id u16, handle u32, length u32."""
 CRC_SIZE = 4
 FRAME_OVERHEAD = HEADER_SIZE + CRC_SIZE
-MAX_PAYLOAD = 32768
+MAX_PAYLOAD = 1 << 20
 """Largest payload a v1 peer must accept; bigger frames are dropped unread."""
 MAX_FRAME = FRAME_OVERHEAD + MAX_PAYLOAD
 
@@ -35,6 +35,14 @@ class Opcode(IntEnum):
     DRAFT = 0x13
     COMMIT = 0x14
     ROLLBACK = 0x15
+    UPLOAD_BEGIN = 0x20
+    UPLOAD_CHUNK = 0x21
+    UPLOAD_END = 0x22
+    ACTIVATE = 0x23
+    CONFIRM = 0x24
+    REVERT = 0x25
+    LIST_IMAGES = 0x26
+    ERASE = 0x27
     ERROR = 0xFF
     """Response-only: a typed error for the request with the same request id."""
 
@@ -56,6 +64,9 @@ class ErrorCode(IntEnum):
     INTERNAL = 0x0C
     BAD_IMAGE = 0x0D
     BAD_SIGNATURE = 0x0E
+    STORE_FULL = 0x0F
+    DOWNGRADE_REFUSED = 0x10
+    BAD_CHUNK = 0x11
     # Host side only: never sent on the wire.
     TIMEOUT = 0x100
     LINK = 0x101
@@ -98,3 +109,18 @@ class Features(IntFlag):
     NONE = 0
     PREFETCH = 0x01
     PIPELINING = 0x02
+
+
+class ImageState(IntEnum):
+    """A store slot's state (LIST_IMAGES)."""
+
+    PARTIAL = 0
+    """An upload in progress (resumable)."""
+    VERIFIED = 1
+    """Uploaded and verified; not serving."""
+    TESTING = 2
+    """Serving on trial: reverts at the next card reset unless confirmed."""
+    CONFIRMED = 3
+    """Serving; survives resets."""
+    PREVIOUS = 4
+    """The previously confirmed image, kept for revert."""

@@ -1,4 +1,4 @@
-"""Frames: a 10-byte header, the payload and a CRC-32 trailer (docs/protocol.md, "Frames").
+"""Frames: a 12-byte header, the payload and a CRC-32 trailer (docs/protocol.md, "Frames").
 
 This module is the struct fast path for the header; ``schema.FRAME`` is the formal definition.
 """
@@ -19,7 +19,7 @@ from exstill_sdk.protocol.constants import (
     ErrorCode,
 )
 
-HEADER = struct.Struct("<BBHIH")
+HEADER = struct.Struct("<BBHII")
 CRC = struct.Struct("<I")
 assert HEADER.size == HEADER_SIZE and CRC.size == CRC_SIZE
 

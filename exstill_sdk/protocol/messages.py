@@ -31,7 +31,7 @@ WEIGHTS = [struct.Struct(f"<{n}H") for n in range(256)]
 
 HELLO_REQUEST = struct.Struct("<BB")
 HELLO_REPLY_FIXED = struct.Struct(
-    "<HIBBIH"
+    "<HIBBII"
 )  # slots, context, max_k, wire_modes, features, max_payload
 OPEN_REQUEST = struct.Struct("<BBBBHffQ")  # kind, wire_mode, max_k, flags, top_k, temp, top_p, seed
 OPEN_REPLY = struct.Struct("<IIB")  # handle, context, max_k
@@ -422,3 +422,86 @@ def decode_error_reply(data: bytes) -> ErrorReply:
     if len(raw) > MAX_ERROR_MESSAGE:
         raise _bad("error message too long")
     return ErrorReply(code, raw.decode("utf-8", "replace"))
+
+
+# ---------------------------------------------------------------- image store (flashing)
+
+UPLOAD_BEGIN = struct.Struct("<Q32sB")  # size, sha256, flags
+UPLOAD_BEGIN_REPLY = struct.Struct("<QI")  # resume offset, largest chunk
+UPLOAD_CHUNK_HEAD = struct.Struct("<QI")  # offset, crc32 of the data
+UPLOAD_FLAG_ALLOW_DOWNGRADE = 0x01
+IMAGE_ENTRY = struct.Struct("<BBQ32s")  # slot, state, size, sha256
+
+
+@dataclass(frozen=True)
+class UploadBegin:
+    size: int
+    sha256: bytes
+    target: str
+    version: str
+    allow_downgrade: bool = False
+
+
+def encode_upload_begin(m: UploadBegin) -> bytes:
+    flags = UPLOAD_FLAG_ALLOW_DOWNGRADE if m.allow_downgrade else 0
+    try:
+        fixed = UPLOAD_BEGIN.pack(m.size, m.sha256, flags)
+    except struct.error:
+        raise _bad("upload size or digest out of range") from None
+    return fixed + _str8(m.target) + _str8(m.version)
+
+
+def decode_upload_begin(data: bytes) -> UploadBegin:
+    r = _Reader(data)
+    size, sha256, flags = r.take(UPLOAD_BEGIN)
+    target, version = r.str8(), r.str8()
+    r.end()
+    if flags & ~UPLOAD_FLAG_ALLOW_DOWNGRADE:
+        raise _bad(f"unknown upload flags 0x{flags:02x}")
+    return UploadBegin(size, sha256, target, version, bool(flags))
+
+
+def encode_name(name: str) -> bytes:
+    return _str8(name)
+
+
+def decode_name(data: bytes) -> str:
+    r = _Reader(data)
+    name = r.str8()
+    r.end()
+    return name
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    target: str
+    slot: int
+    """0 = slot A, 1 = slot B."""
+    state: int
+    """ImageState."""
+    version: str
+    size: int
+    sha256: bytes
+
+
+def encode_image_list(entries: list[ImageEntry]) -> bytes:
+    parts = [U8.pack(len(entries))]
+    for e in entries:
+        parts += [
+            _str8(e.target),
+            IMAGE_ENTRY.pack(e.slot, e.state, e.size, e.sha256),
+            _str8(e.version),
+        ]
+    return b"".join(parts)
+
+
+def decode_image_list(data: bytes) -> list[ImageEntry]:
+    r = _Reader(data)
+    (n,) = r.take(U8)
+    out = []
+    for _ in range(n):
+        target = r.str8()
+        slot, state, size, sha = r.take(IMAGE_ENTRY)
+        out.append(ImageEntry(target, slot, state, r.str8(), size, sha))
+    r.end()
+    return out

@@ -22,7 +22,7 @@ FRAME_HEADER = c.Struct(
     "opcode" / c.Int8ul,
     "request_id" / c.Int16ul,
     "handle" / c.Int32ul,
-    "length" / c.Int16ul,
+    "length" / c.Int32ul,
 )
 
 FRAME = c.Struct(
@@ -51,7 +51,7 @@ HELLO_REPLY = c.Struct(
     "max_k" / c.Int8ul,
     "wire_modes" / c.Int8ul,
     "features" / c.Int32ul,
-    "max_payload" / c.Int16ul,
+    "max_payload" / c.Int32ul,
     "engines" / c.PrefixedArray(c.Int8ul, Str8),
     "targets" / c.PrefixedArray(c.Int8ul, TARGET_INFO),
     c.Terminated,

@@ -42,16 +42,22 @@ class EmuTransport(Transport):
         context = int_param(params, "context", 16384)
         max_k = int_param(params, "max_k", 16)
         prefetch = int_param(params, "prefetch", 1)
+        store_dir = params.pop("store", None)
         names = params.pop("engine", "lookup").split(",")
         images = [p for p in params.pop("image", "").split(",") if p]
         if params:
             raise BadURLError(
                 f"unknown emu:// option(s) {', '.join(params)}; known: streams, context, "
-                "engine, image, max_k, prefetch"
+                "engine, image, store, max_k, prefetch"
             )
         engines = build_engines(names, images, slots, context)
         try:
-            runtime = CardRuntime(slots, context, engines, max_k=max_k, prefetch=bool(prefetch))
+            from exstill_firmware.store import Store
+
+            store = Store(store_dir) if store_dir else None
+            runtime = CardRuntime(
+                slots, context, engines, max_k=max_k, prefetch=bool(prefetch), store=store
+            )
         except ValueError as exc:
             raise BadURLError(str(exc)) from None
         return cls(runtime, owns_runtime=True)

@@ -19,6 +19,7 @@ from contextlib import suppress
 from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
 
 from ..runtime import CardRuntime
+from ..store import PowerCut
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class TcpCardServer:
         self._clients: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self.powered_off = False
+        """The store's power-cut fault fired: the card stopped (exstill-emu exits 75)."""
 
     @property
     def url(self) -> str:
@@ -105,6 +108,10 @@ class TcpCardServer:
                     deframer.dropped = 0
         except OSError as exc:
             why = str(exc) or type(exc).__name__
+        except PowerCut:
+            why = "power cut"
+            self.powered_off = True
+            self.stop()
         finally:
             runtime.close_session(session)
             sock.close()

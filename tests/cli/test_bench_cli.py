@@ -25,7 +25,7 @@ def test_emu_roundtrip_json() -> None:
     assert result["k"] == 6 and result["rounds"] == 300
     assert result["p50_us"] > 0
     # 20-byte COMMIT frame + 40-byte reply carrying six tokens; whole frames in process.
-    assert result["bytes_per_round"] == 60
+    assert result["bytes_per_round"] == 64
 
 
 def test_tcp_roundtrip_json_has_raw_socket_baseline() -> None:
@@ -35,7 +35,7 @@ def test_tcp_roundtrip_json_has_raw_socket_baseline() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    assert result["bytes_per_round"] == 64  # COBS adds 2 bytes per frame
+    assert result["bytes_per_round"] == 68  # COBS adds 2 bytes per frame
     assert result["raw_socket_p50_us"] > 0 and result["ratio_to_raw_p50"] > 0
     assert result["placement"] == "none"
 

@@ -290,12 +290,12 @@ def test_handles_carry_random_nonces(runtime: CardRuntime) -> None:
 
 
 def test_greedy_round_frame_sizes(runtime: CardRuntime) -> None:
-    """A greedy K=6 round is 20 + 40 bytes of frames (64 with COBS framing)."""
+    """A greedy K=6 round is 22 + 42 bytes of frames (68 with COBS framing)."""
     c = Client(runtime)
     h = c.open()
     c.prefill(h, [1, 2, 3, 4, 5, 6, 7] * 3)
     c.draft(h, 6)
     request = encode_frame(Opcode.COMMIT, 1, h, m.encode_commit_request(m.CommitRequest(6, 7, 6)))
     reply = runtime.handle(c.session, request)
-    assert len(request) == 20 and len(reply) == 40
-    assert struct.unpack_from("<6I", reply, 12) == (1, 2, 3, 4, 5, 6)
+    assert len(request) == 22 and len(reply) == 42
+    assert struct.unpack_from("<6I", reply, 14) == (1, 2, 3, 4, 5, 6)

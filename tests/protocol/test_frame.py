@@ -12,9 +12,9 @@ from exstill_sdk.protocol.frame import decode_frame, encode_frame
 def test_frame_round_trip_and_layout() -> None:
     frame = encode_frame(Opcode.PING, 0x1234, 0xAABBCCDD, b"hi")
     # version, opcode, request id LE, handle LE, length LE, payload, CRC-32 LE
-    assert frame[:10] == bytes.fromhex("01 02 3412 DDCCBBAA 0200")
-    assert frame[10:12] == b"hi"
-    assert len(frame) == 16
+    assert frame[:12] == bytes.fromhex("01 02 3412 DDCCBBAA 02000000")
+    assert frame[12:14] == b"hi"
+    assert len(frame) == 18
     assert decode_frame(frame) == (1, Opcode.PING, 0x1234, 0xAABBCCDD, b"hi")
 
 
@@ -24,7 +24,7 @@ def test_frame_round_trip_and_layout() -> None:
         lambda f: f[:-1],  # truncated
         lambda f: f + b"\x00",  # trailing byte
         lambda f: f[:5] + bytes([f[5] ^ 0x40]) + f[6:],  # flipped bit: CRC mismatch
-        lambda f: f[:8] + b"\xff\xff" + f[10:],  # length beyond the frame
+        lambda f: f[:8] + b"\xff\xff\x00\x00" + f[12:],  # length beyond the frame
         lambda f: b"",
     ],
 )

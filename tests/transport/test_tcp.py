@@ -21,7 +21,7 @@ def test_one_write_per_frame_and_replies(tcp_server: TcpCardServer) -> None:
         frame = encode_frame(Opcode.PING, 42, 0, b"hello")
         t.send_frame(frame)
         reply = t.recv_frame(time.monotonic() + 5)
-        assert reply[1] == Opcode.PING | 0x80 and reply[10:15] == b"hello"
+        assert reply[1] == Opcode.PING | 0x80 and reply[12:17] == b"hello"
     finally:
         t.close()
 
@@ -33,7 +33,7 @@ def test_corrupted_stream_resynchronises(tcp_server: TcpCardServer) -> None:
         t._write(b"\x13\x37garbage\x00\x05\x01\x02\x00" + b"\xff" * 500)
         t._write(b"\x00" + encode_stream_frame(encode_frame(Opcode.PING, 7, 0, b"ok")))
         reply = t.recv_frame(time.monotonic() + 5)
-        assert reply[2] == 7 and reply[10:12] == b"ok"
+        assert reply[2] == 7 and reply[12:14] == b"ok"
     finally:
         t.close()
 

@@ -1,0 +1,118 @@
+"""The runtime's image-store requests: upload (begin, chunks, end), activate, confirm,
+revert, list and erase. Serving targets follow the store: ACTIVATE and REVERT load the
+image that now serves; streams already open keep the engine they were opened on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from exstill_sdk.image import open_image
+from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol.constants import MAX_PAYLOAD, Opcode
+
+from .engines import DraftEngine
+from .store import SLOTS, Store
+
+if TYPE_CHECKING:
+    from .runtime import CardRuntime
+    from .streams import Session
+
+MAX_CHUNK = MAX_PAYLOAD - m.UPLOAD_CHUNK_HEAD.size
+
+
+class StoreService:
+    def __init__(
+        self, runtime: CardRuntime, store: Store, make_engine: Callable[[Path, str], DraftEngine]
+    ) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.make_engine = make_engine
+        for name, path in store.serving().items():
+            self._serve(name, path)
+
+    def _serve(self, name: str, path: Path | None) -> None:
+        if path is None:
+            self.runtime.models.pop(name, None)
+        else:
+            self.runtime.models[name] = self.make_engine(path, name)
+
+    def handlers(self) -> dict[int, Callable[[Session, int, bytes], bytes]]:
+        return {
+            Opcode.UPLOAD_BEGIN: self._begin,
+            Opcode.UPLOAD_CHUNK: self._chunk,
+            Opcode.UPLOAD_END: self._end,
+            Opcode.ACTIVATE: self._activate,
+            Opcode.CONFIRM: self._confirm,
+            Opcode.REVERT: self._revert,
+            Opcode.LIST_IMAGES: self._list,
+            Opcode.ERASE: self._erase,
+        }
+
+    def _begin(self, session: Session, handle: int, payload: bytes) -> bytes:
+        req = m.decode_upload_begin(payload)
+        offset = self.store.begin(
+            req.target, req.size, req.sha256, req.version, req.allow_downgrade
+        )
+        return m.UPLOAD_BEGIN_REPLY.pack(offset, MAX_CHUNK)
+
+    def _chunk(self, session: Session, handle: int, payload: bytes) -> bytes:
+        head = m.UPLOAD_CHUNK_HEAD
+        if len(payload) < head.size:
+            raise m._bad("UPLOAD_CHUNK shorter than its header")
+        offset, crc = head.unpack_from(payload)
+        return m.U64.pack(self.store.chunk(offset, memoryview(payload)[head.size :], crc))
+
+    def _end(self, session: Session, handle: int, payload: bytes) -> bytes:
+        if payload:
+            raise m._bad("UPLOAD_END takes no payload")
+        return self.store.end()
+
+    def _activate(self, session: Session, handle: int, payload: bytes) -> bytes:
+        name = m.decode_name(payload)
+        path = self.store.activate(name)
+        try:
+            self._serve(name, path)
+        except Exception:
+            self.store.revert(name)  # an image the engine cannot run does not stay on trial
+            raise
+        return b""
+
+    def _confirm(self, session: Session, handle: int, payload: bytes) -> bytes:
+        self.store.confirm(m.decode_name(payload))
+        return b""
+
+    def _revert(self, session: Session, handle: int, payload: bytes) -> bytes:
+        name = m.decode_name(payload)
+        self._serve(name, self.store.revert(name))
+        return b""
+
+    def _list(self, session: Session, handle: int, payload: bytes) -> bytes:
+        entries = [
+            m.ImageEntry(target, slot, state, version, size, digest)
+            for target, slot, state, version, size, digest in self.store.entries()
+        ]
+        return m.encode_image_list(entries)
+
+    def _erase(self, session: Session, handle: int, payload: bytes) -> bytes:
+        name = m.decode_name(payload)
+        self.store.erase(name)
+        self.runtime.models.pop(name, None)
+        return b""
+
+
+def transformer_factory(slots: int, context: int) -> Callable[[Path, str], DraftEngine]:
+    """Engines for store images: the transformer engine, named after the store's target."""
+
+    def make(path: Path, name: str) -> DraftEngine:
+        from .engines.transformer import TransformerEngine
+
+        engine = TransformerEngine(open_image(path), rows=slots, positions=context)
+        engine.name = name
+        return engine
+
+    return make
+
+
+__all__ = ["MAX_CHUNK", "SLOTS", "StoreService", "transformer_factory"]

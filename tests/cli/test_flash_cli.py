@@ -1,0 +1,89 @@
+"""exstill-flash against exstill-emu --store in another process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from exstill_sdk import open_card
+from exstill_sdk.bench.synthetic import write_checkpoint
+from exstill_sdk.image.pack import pack_checkpoint
+
+from .helpers import script, start_emu
+
+
+def flash(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [script("exstill-flash"), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_flash_list_rollback_erase_and_restart(tmp_path: Path) -> None:
+    images = []
+    for version in ("1", "2"):
+        write_checkpoint(
+            tmp_path / f"ck{version}",
+            layers=1,
+            hidden=64,
+            intermediate=96,
+            heads=4,
+            kv_heads=2,
+            vocab=64,
+            seed=int(version),
+            std=0.3,
+        )
+        images.append(tmp_path / f"v{version}.img")
+        pack_checkpoint(tmp_path / f"ck{version}", images[-1], "tiny", image_version=version)
+    store = tmp_path / "store"
+    proc, url = start_emu("--store", str(store), "--context", "256")
+    try:
+        out = flash(str(images[0]), "--url", url, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["confirmed"] is True
+        assert flash(str(images[1]), "--url", url, "--target", "tiny").returncode == 0
+        listed = json.loads(flash("--url", url, "--list", "--json").stdout)["images"]
+        assert {(i["version"], i["state"]) for i in listed} == {
+            ("1", "previous"),
+            ("2", "confirmed"),
+        }
+        refused = flash(str(images[0]), "--url", url)
+        assert refused.returncode == 1 and "--allow-downgrade" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        assert flash("--url", url, "--rollback", "tiny").returncode == 0
+        trial = flash(str(images[1]), "--url", url, "--no-confirm")  # on trial only
+        assert trial.returncode == 0 and "on trial" in trial.stdout
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    # the store survives a restart: the confirmed image serves again
+    proc, url = start_emu("--store", str(store), "--context", "256")
+    try:
+        with open_card(url) as card:
+            assert [t.name for t in card.info().targets] == ["tiny"]
+            assert {e.version for e in card.list_images() if e.state == 3} == {"1"}
+        assert flash("--url", url, "--erase", "tiny").returncode == 0
+        missing = flash(str(tmp_path / "nope.img"), "--url", url)
+        assert missing.returncode == 1 and "nope.img" in missing.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_power_cut_exit_code(tmp_path: Path) -> None:
+    write_checkpoint(
+        tmp_path / "ck",
+        layers=1,
+        hidden=64,
+        intermediate=96,
+        heads=4,
+        kv_heads=2,
+        vocab=64,
+        seed=1,
+        std=0.3,
+    )
+    pack_checkpoint(tmp_path / "ck", tmp_path / "t.img", "tiny")
+    proc, url = start_emu("--store", str(tmp_path / "store"), "--power-cut-after", "5000")
+    out = flash(str(tmp_path / "t.img"), "--url", url)
+    assert out.returncode == 1
+    assert proc.wait(10) == 75

@@ -59,7 +59,7 @@ class FlashResult:
         return {**self.__dict__, "mb_per_s": round(self.mb_per_s, 1)}
 
 
-def _file_digest(path: Path) -> bytes:
+def file_digest(path: Path) -> bytes:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
@@ -145,7 +145,7 @@ def flash(
         name = target or image.target
         version = image.image_version
     size = path.stat().st_size
-    digest = _file_digest(path)
+    digest = file_digest(path)
     req = m.UploadBegin(size, digest, name, version, allow_downgrade)
     start = time.perf_counter()
     sent, resent, resumed = upload(

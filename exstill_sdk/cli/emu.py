@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--store", help="image store directory (flashed targets; survives restarts)")
     p.add_argument(
+        "--store-max-mb",
+        type=float,
+        metavar="MB",
+        help="store capacity: refuse uploads that would not fit (STORE_FULL); default unlimited",
+    )
+    p.add_argument(
         "--power-cut-after",
         type=int,
         metavar="BYTES",
@@ -80,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             from exstill_sdk.image import load_trusted_keys
 
             trusted = load_trusted_keys(args.trusted_keys) if args.trusted_keys else None
-            store = Store(args.store, trusted_keys=trusted, fault_after_bytes=args.power_cut_after)
+            store = Store(
+                args.store,
+                max_bytes=None if args.store_max_mb is None else int(args.store_max_mb * 2**20),
+                trusted_keys=trusted,
+                fault_after_bytes=args.power_cut_after,
+            )
         runtime = CardRuntime(
             args.streams,
             args.context,

@@ -70,7 +70,7 @@ def test_flash_list_rollback_erase_and_restart(tmp_path: Path) -> None:
         proc.wait(10)
 
 
-def test_power_cut_exit_code(tmp_path: Path) -> None:
+def test_power_cut_exit_code_and_store_full(tmp_path: Path) -> None:
     write_checkpoint(
         tmp_path / "ck",
         layers=1,
@@ -87,3 +87,14 @@ def test_power_cut_exit_code(tmp_path: Path) -> None:
     out = flash(str(tmp_path / "t.img"), "--url", url)
     assert out.returncode == 1
     assert proc.wait(10) == 75
+    # the same image onto a card whose store is too small: refused, with what to do
+    proc, url = start_emu("--store", str(tmp_path / "small"), "--store-max-mb", "0.01")
+    try:
+        out = flash(str(tmp_path / "t.img"), "--url", url, "--json")
+        assert out.returncode == 1
+        error = json.loads(out.stdout)
+        assert error["code"] == 0x0F and "erase a target first" in error["error"]
+        assert json.loads(flash("--url", url, "--list", "--json").stdout)["images"] == []
+    finally:
+        proc.terminate()
+        proc.wait(10)

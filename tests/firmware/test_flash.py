@@ -219,3 +219,49 @@ def test_power_cut_at_any_byte_leaves_a_bootable_image(images, tmp_path: Path) -
                 assert len(s.draft(2).tokens) == 2
         shutil.rmtree(root)
     assert outcomes["1"] > 100  # most cuts land before the confirm: the old image serves
+
+
+def test_card_refuses_a_foreign_architecture_and_keeps_the_old_image(
+    images, tmp_path: Path
+) -> None:
+    """The card checks an upload in full itself: an image whose architecture the firmware does
+    not run is refused at UPLOAD_END (and exstill-flash refuses it before sending a byte)."""
+    from exstill_sdk import ImageError
+    from exstill_sdk.flash import file_digest, upload
+    from exstill_sdk.image.format import MetaType
+    from exstill_sdk.protocol import messages as m
+    from tests.image.hostile import with_metadata
+
+    def foreign(meta: dict) -> None:
+        meta["arch.name"] = (MetaType.STR, "mamba")
+        meta["image.version"] = (MetaType.STR, "9")
+
+    bad = tmp_path / "mamba.img"
+    bad.write_bytes(with_metadata(images["1"].read_bytes(), foreign))
+    with card_on(Store(tmp_path / "store")) as card:
+        flash(card, images["1"])
+        with pytest.raises(ImageError, match="not supported"):
+            flash(card, bad)  # refused locally
+        req = m.UploadBegin(bad.stat().st_size, file_digest(bad), "tiny", "9", False)
+        upload(card, bad, req)
+        with pytest.raises(ImageError, match="architecture 'mamba' is not supported"):
+            card.upload_end()
+        assert {(e.version, e.state) for e in card.list_images()} == {("1", ImageState.CONFIRMED)}
+        with card.open_stream(target="tiny") as s:
+            s.prefill([1, 2, 3])
+            assert len(s.draft(2).tokens) == 2
+    assert sorted(p.name for p in (tmp_path / "store" / "tiny").iterdir()) == ["a.img"]
+
+
+def test_a_full_store_refuses_before_any_byte_is_written(images, tmp_path: Path) -> None:
+    from exstill_sdk import StoreFullError
+
+    size = images["1"].stat().st_size
+    with card_on(Store(tmp_path, max_bytes=size * 3 // 2)) as card:
+        flash(card, images["1"])
+        with pytest.raises(StoreFullError, match="erase a target first"):
+            flash(card, images["2"])
+        assert [e.version for e in card.list_images()] == ["1"]
+        card.erase("tiny")
+        flash(card, images["2"])
+        assert [e.version for e in card.list_images()] == ["2"]

@@ -134,9 +134,16 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
     eps = float(arch.rms_norm_eps)
     int8 = image.quant == "int8"
 
+    declared: set[str] = set()
+
     def weight(name: str) -> str:
-        info = image.tensors[name]
-        return g.external(name, info.dtype, info.shape, file, info.offset, info.size)
+        """An image tensor as an initializer, declared once however often it is used (a tied
+        embedding is both the input table and the output projection)."""
+        if name not in declared:
+            info = image.tensors[name]
+            g.external(name, info.dtype, info.shape, file, info.offset, info.size)
+            declared.add(name)
+        return name
 
     def f32_weight(name: str) -> str:
         """A weight as float32 (f16 is widened; onnxruntime folds the Cast at load)."""

@@ -50,6 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--new-tokens", type=int, default=128, help="tokens to generate")
     sp.add_argument("--repeats", type=int, default=2, help="runs per configuration (best kept)")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    e2e = sub.add_parser(
+        "e2e",
+        help="the demo pair on held-out prompts: plain vs speculative, K sweep, users, and HF "
+        "assisted generation side by side",
+    )
+    e2e.add_argument("--prompts", type=int, default=3, help="held-out prompts (default 3)")
+    e2e.add_argument("--prompt-tokens", type=int, default=96, help="tokens per prompt")
+    e2e.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
+    e2e.add_argument("--max-k", type=int, default=8, help="sweep K = 1..MAX_K (default 8)")
+    e2e.add_argument(
+        "--users", default="1,4,8,12,16", help="concurrent users to measure (default 1,4,8,12,16)"
+    )
+    e2e.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    e2e.add_argument("--json", action="store_true", help="print one JSON object")
     fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
     fl.add_argument("--url", required=True, help="a card with an image store")
     fl.add_argument("--size-mb", type=int, default=256, help="image size (default 256 MB)")
@@ -78,6 +92,17 @@ def main(argv: list[str] | None = None) -> int:
                 synthetic=args.synthetic,
                 k=args.k,
                 rounds=args.rounds,
+                hf=not args.no_hf,
+            )
+        elif args.bench == "e2e":
+            from exstill_sdk.bench import e2e
+
+            result = e2e.run(
+                prompts=args.prompts,
+                prompt_tokens=args.prompt_tokens,
+                new_tokens=args.new_tokens,
+                ks=tuple(range(1, args.max_k + 1)),
+                users=tuple(int(u) for u in args.users.split(",")),
                 hf=not args.no_hf,
             )
         elif args.bench == "flash":

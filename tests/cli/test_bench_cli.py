@@ -71,3 +71,26 @@ def test_engine_bench_json() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["layers"] == 1 and result["hidden"] == 64 and result["k"] == 4
     assert result["us_per_token_1_stream"] > 0 and result["us_per_token_12_streams"] > 0
+
+
+def test_e2e_bench_json_every_run_is_exact() -> None:
+    out = subprocess.run(
+        [
+            *(script("exstill-bench"), "e2e", "--prompts", "2", "--new-tokens", "12"),
+            *("--max-k", "3", "--users", "1,3", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    onnx, hf = result["onnx_target"], result["hf_target"]
+    runs = [onnx["draft_adaptive"], onnx["lookup_adaptive"], *onnx["fixed_k"].values()]
+    assert all(r["exact"] for r in runs) and len(onnx["fixed_k"]) == 3
+    assert all(u["exact"] for u in onnx["users"].values()) and set(onnx["users"]) == {"1", "3"}
+    assert all(hf[name]["exact"] for name in ("plain", "hf_assisted", "exstill"))
+    # acceptance grows with K (fixed K, one draft model): more tokens per round
+    lengths = [onnx["fixed_k"][k]["mean_acceptance_length"] for k in ("1", "2", "3")]
+    assert lengths[0] <= 2.0 and lengths[-1] >= lengths[0]
+    assert onnx["best_fixed_k"] in (1, 2, 3)

@@ -1,0 +1,194 @@
+"""End-to-end speculative decoding with the demo pair on held-out prompts, side by side in one run:
+
+- the ONNX target alone, with the card's transformer draft and with its prompt-lookup engine;
+- acceptance and tokens/s for fixed K = 1..8, and adaptive K against the best fixed K;
+- several users at once (one speculative sequence each, the card's streams shared);
+- the same two models loaded into transformers from the same weights: the target's own greedy
+  ``generate``, HF assisted generation (``generate(assistant_model=draft)``), and our decoder
+  with that HF target and the card.
+
+Every speculative output is compared with the target's own greedy output (``exact``). Prompts
+are the first ``prompt_tokens`` tokens of held-out standard-library files (training.json).
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, demo_dir
+
+KList = tuple[int, ...]
+
+
+def held_out_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
+    """The first tokens of held-out stdlib files that exist on this machine."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    data = demo_dir()
+    tokenizer = Tokenizer.from_file(str(data / "tokenizer.json"))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prompts = []
+    for rel in json.loads((data / "training.json").read_text())["held_out_files"]:
+        path = stdlib / rel
+        if not path.exists():
+            continue
+        ids = tokenizer.encode(path.read_text(encoding="utf-8", errors="replace")).ids
+        if len(ids) >= prompt_tokens:
+            prompts.append(ids[:prompt_tokens])
+        if len(prompts) == count:
+            return prompts
+    raise ValueError(f"found only {len(prompts)} held-out files of {prompt_tokens}+ tokens")
+
+
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - t0, out
+
+
+def run(
+    *,
+    prompts: int = 3,
+    prompt_tokens: int = 96,
+    new_tokens: int = 128,
+    ks: KList = (1, 2, 3, 4, 5, 6, 7, 8),
+    users: KList = (1, 4, 8, 12, 16),
+    hf: bool = True,
+) -> dict[str, Any]:
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.card import open_card
+    from exstill_sdk.spec import SpeculativeDecoder
+
+    data = demo_dir()
+    inputs = held_out_prompts(prompts, prompt_tokens)
+    n_out = new_tokens * len(inputs)
+    target = OnnxTarget(data / "target.img", max_sequences=max(users), positions=POSITIONS)
+    plain_s = 0.0
+    reference = []
+    for p in inputs:
+        s, out = _timed(target.greedy, p, new_tokens)
+        plain_s += s
+        reference.append(out)
+    result: dict[str, Any] = {
+        "prompts": len(inputs),
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "onnx_target": {"plain_tokens_per_s": round(n_out / plain_s, 1)},
+    }
+    url = f"emu://?context={POSITIONS}&image={data / 'draft.img'}"
+
+    def speculate(card: Any, k: int | Literal["adaptive"], draft: str | None) -> dict[str, Any]:
+        decoder = SpeculativeDecoder(card, target, draft=draft, k=k, max_k=max(ks))
+        seconds, outs = 0.0, []
+        for p in inputs:
+            s, r = _timed(decoder.generate, p, new_tokens, stop_token_ids=[])
+            seconds += s
+            outs.append(r.tokens)
+        m = decoder.metrics
+        return {
+            "tokens_per_s": round(n_out / seconds, 1),
+            "speedup": round(plain_s / seconds, 2),
+            "mean_acceptance_length": round(m.mean_acceptance_length, 3),
+            "prefetch_hits": m.prefetch_hits,
+            "rounds": m.rounds,
+            "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
+            "exact": outs == reference,
+        }
+
+    with open_card(url) as card:
+        for draft in (DRAFT_TARGET, None):  # warm-up: onnxruntime's first runs are slow
+            SpeculativeDecoder(card, target, draft=draft).generate(
+                inputs[0], min(16, new_tokens), stop_token_ids=[]
+            )
+        onnx = result["onnx_target"]
+        onnx["draft_adaptive"] = speculate(card, "adaptive", DRAFT_TARGET)
+        onnx["lookup_adaptive"] = speculate(card, "adaptive", None)
+        onnx["fixed_k"] = {str(k): speculate(card, k, DRAFT_TARGET) for k in ks}
+        best = max(onnx["fixed_k"], key=lambda k: onnx["fixed_k"][k]["tokens_per_s"])
+        onnx["best_fixed_k"] = int(best)
+        onnx["adaptive_vs_best_fixed"] = round(
+            onnx["draft_adaptive"]["tokens_per_s"] / onnx["fixed_k"][best]["tokens_per_s"], 3
+        )
+        onnx["users"] = {}
+        for n in users:
+            batch = [inputs[i % len(inputs)] for i in range(n)]
+            decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max(ks))
+            seconds, outs = _timed(decoder.generate_batch, batch, new_tokens, stop_token_ids=[])
+            onnx["users"][str(n)] = {
+                "tokens_per_s": round(n * new_tokens / seconds, 1),
+                "exact": [o.tokens for o in outs] == [reference[i % len(inputs)] for i in range(n)],
+            }
+        if hf:
+            result["hf_target"] = _hf_side_by_side(card, inputs, new_tokens, max(ks))
+    return result
+
+
+def _hf_side_by_side(
+    card: Any, inputs: list[list[int]], new_tokens: int, max_k: int
+) -> dict[str, Any]:
+    """transformers' greedy generate, its assisted generation, and ours with the same HF
+    target, each after one warm-up call. torch gets one thread for all three: the emulated card
+    runs in this process and takes the other core, as a card brings its own silicon."""
+    import torch
+
+    from exstill_sdk.adapters.hf import HFTarget
+    from exstill_sdk.image import open_image
+    from exstill_sdk.image.hf import to_hf_model
+    from exstill_sdk.spec import SpeculativeDecoder
+
+    data = demo_dir()
+    target = to_hf_model(open_image(data / "target.img"), "sdpa")
+    draft = to_hf_model(open_image(data / "draft.img"), "sdpa")
+    for model in (target, draft):
+        model.generation_config.eos_token_id = None  # every run makes new_tokens tokens
+        model.generation_config.pad_token_id = 0
+    n_out = new_tokens * len(inputs)
+
+    def hf_generate(prompt: list[int], **kwargs: Any) -> list[int]:
+        x = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = target.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                **kwargs,
+            )
+        return out[0, len(prompt) :].tolist()
+
+    decoder = SpeculativeDecoder(card, HFTarget(target), draft=DRAFT_TARGET, max_k=max_k)
+    runs: dict[str, Callable[[list[int]], list[int]]] = {
+        "plain": hf_generate,
+        "hf_assisted": lambda p: hf_generate(p, assistant_model=draft),
+        "exstill": lambda p: decoder.generate(p, new_tokens, stop_token_ids=[]).tokens,
+    }
+    out: dict[str, Any] = {"torch_threads": 1}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    reference: list[list[int]] = []
+    for name, fn in runs.items():
+        fn(inputs[0])  # warm-up
+        seconds, outs = 0.0, []
+        for p in inputs:
+            s, tokens = _timed(fn, p)
+            seconds += s
+            outs.append(tokens)
+        reference = reference or outs
+        out[name] = {"tokens_per_s": round(n_out / seconds, 1), "exact": outs == reference}
+    torch.set_num_threads(threads)
+    out["exstill_vs_plain"] = round(
+        out["exstill"]["tokens_per_s"] / out["plain"]["tokens_per_s"], 2
+    )
+    out["exstill_vs_hf_assisted"] = round(
+        out["exstill"]["tokens_per_s"] / out["hf_assisted"]["tokens_per_s"], 2
+    )
+    out["hf_assisted_vs_plain"] = round(
+        out["hf_assisted"]["tokens_per_s"] / out["plain"]["tokens_per_s"], 2
+    )
+    return out

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--users", default="1,4,8,12,16", help="concurrent users to measure (default 1,4,8,12,16)"
     )
     e2e.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    e2e.add_argument("--plot", metavar="DIR", help="also write PNG plots into DIR (matplotlib)")
     e2e.add_argument("--json", action="store_true", help="print one JSON object")
     fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
     fl.add_argument("--url", required=True, help="a card with an image store")
@@ -105,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                 users=tuple(int(u) for u in args.users.split(",")),
                 hf=not args.no_hf,
             )
+            if args.plot:
+                from exstill_sdk.bench.plots import plot_e2e
+
+                result["plots"] = [str(p) for p in plot_e2e(result, args.plot)]
         elif args.bench == "flash":
             from exstill_sdk.bench import flash
 

@@ -73,11 +73,11 @@ def test_engine_bench_json() -> None:
     assert result["us_per_token_1_stream"] > 0 and result["us_per_token_12_streams"] > 0
 
 
-def test_e2e_bench_json_every_run_is_exact() -> None:
+def test_e2e_bench_json_every_run_is_exact(tmp_path) -> None:
     out = subprocess.run(
         [
             *(script("exstill-bench"), "e2e", "--prompts", "2", "--new-tokens", "12"),
-            *("--max-k", "3", "--users", "1,3", "--json"),
+            *("--max-k", "3", "--users", "1,3", "--json", "--plot", str(tmp_path)),
         ],
         capture_output=True,
         text=True,
@@ -94,3 +94,9 @@ def test_e2e_bench_json_every_run_is_exact() -> None:
     lengths = [onnx["fixed_k"][k]["mean_acceptance_length"] for k in ("1", "2", "3")]
     assert lengths[0] <= 2.0 and lengths[-1] >= lengths[0]
     assert onnx["best_fixed_k"] in (1, 2, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "e2e_acceptance_by_k.png",
+        "e2e_tokens_per_s.png",
+        "e2e_users.png",
+    ]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.iterdir())

@@ -80,47 +80,50 @@ def upload(
     """Send the file; (bytes sent, bytes re-sent, offsets resumed from). Reconnects after a
     dropped link (``ATTEMPTS`` times). ``on_chunk(offset)`` is a test hook called before each
     chunk is sent."""
-    data = memoryview(path.read_bytes())
     sent = resent = 0
     resumed: list[int] = []
     high = 0  # highest offset ever sent: anything sent below it again is re-sent
-    for attempt in range(ATTEMPTS):
-        try:
-            offset, max_chunk = card.upload_begin(req)
-            max_chunk = min(max_chunk, chunk_size or max_chunk)
-            if attempt:
-                resumed.append(offset)
-            inflight: deque[tuple[int, int]] = deque()
-            pos = offset
-            while pos < req.size or inflight:
-                while pos < req.size and len(inflight) < window:
-                    chunk = data[pos : pos + max_chunk]
-                    if on_chunk is not None:
-                        on_chunk(pos)
-                    payload = m.UPLOAD_CHUNK_HEAD.pack(pos, crc32(chunk)) + chunk
-                    inflight.append((card.send_pipelined(Opcode.UPLOAD_CHUNK, payload), pos))
-                    sent += len(chunk)
-                    resent += max(0, min(high, pos + len(chunk)) - pos)
-                    pos += len(chunk)
-                    high = max(high, pos)
-                rid, _ = inflight.popleft()
-                try:
-                    done = struct.unpack("<Q", card.receive_pipelined(rid, Opcode.UPLOAD_CHUNK))[0]
-                except ChunkError:
-                    for other, _ in inflight:  # their replies are errors too: collect them
-                        with contextlib.suppress(ChunkError):
-                            card.receive_pipelined(other, Opcode.UPLOAD_CHUNK)
-                    inflight.clear()
-                    pos, _ = card.upload_begin(req)  # the card's offset
-                    continue
-                if progress is not None:
-                    progress(done)
-            return sent, resent, resumed
-        except (DeviceLostError, LinkTimeoutError, TransportError):
-            if attempt + 1 == ATTEMPTS:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-            card.reconnect()
+    with open(path, "rb") as f:
+        for attempt in range(ATTEMPTS):
+            try:
+                offset, max_chunk = card.upload_begin(req)
+                max_chunk = min(max_chunk, chunk_size or max_chunk)
+                if attempt:
+                    resumed.append(offset)
+                inflight: deque[tuple[int, int]] = deque()
+                pos = offset
+                while pos < req.size or inflight:
+                    while pos < req.size and len(inflight) < window:
+                        f.seek(pos)  # chunks are read as sent: an image never sits whole in memory
+                        chunk = f.read(max_chunk)
+                        if on_chunk is not None:
+                            on_chunk(pos)
+                        payload = m.UPLOAD_CHUNK_HEAD.pack(pos, crc32(chunk)) + chunk
+                        inflight.append((card.send_pipelined(Opcode.UPLOAD_CHUNK, payload), pos))
+                        sent += len(chunk)
+                        resent += max(0, min(high, pos + len(chunk)) - pos)
+                        pos += len(chunk)
+                        high = max(high, pos)
+                    rid, _ = inflight.popleft()
+                    try:
+                        done = struct.unpack(
+                            "<Q", card.receive_pipelined(rid, Opcode.UPLOAD_CHUNK)
+                        )[0]
+                    except ChunkError:
+                        for other, _ in inflight:  # their replies are errors too: collect them
+                            with contextlib.suppress(ChunkError):
+                                card.receive_pipelined(other, Opcode.UPLOAD_CHUNK)
+                        inflight.clear()
+                        pos, _ = card.upload_begin(req)  # the card's offset
+                        continue
+                    if progress is not None:
+                        progress(done)
+                return sent, resent, resumed
+            except (DeviceLostError, LinkTimeoutError, TransportError):
+                if attempt + 1 == ATTEMPTS:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+                card.reconnect()
     raise AssertionError("unreachable")
 
 

@@ -130,54 +130,68 @@ def schedule(step: int, steps: int, lr: float) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
 
 
-def train_target(model, ids: np.ndarray, steps: int, batch: int, lr: float) -> float:  # type: ignore[no-untyped-def]
+def optimise(  # type: ignore[no-untyped-def]
+    model,
+    loss_of,
+    ids: np.ndarray,
+    steps: int,
+    batch: int,
+    lr: float,
+    *,
+    weight_decay: float,
+    seed: int,
+    label: str,
+) -> float:
+    """AdamW with warm-up and cosine decay on ``loss_of(batch)``; the smoothed final loss."""
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     model.train()
     loss_avg = 0.0
     t0 = time.time()
-    for step, xb in enumerate(batches(ids, batch, steps, seed=1)):
+    for step, xb in enumerate(batches(ids, batch, steps, seed=seed)):
         for g in opt.param_groups:
             g["lr"] = schedule(step, steps, lr)
-        logits = model(input_ids=xb[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1)
-        )
+        loss = loss_of(xb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_avg = 0.98 * loss_avg + 0.02 * loss.item() if step else loss.item()
         if step % 50 == 0 or step == steps - 1:
-            print(f"target step {step}/{steps} loss {loss_avg:.3f} ({time.time() - t0:.0f} s)")
+            print(f"{label} step {step}/{steps} {loss_avg:.3f} ({time.time() - t0:.0f} s)")
     return loss_avg
+
+
+def train_target(model, ids: np.ndarray, steps: int, batch: int, lr: float) -> float:  # type: ignore[no-untyped-def]
+    """Next-token cross-entropy."""
+    import torch.nn.functional as F
+
+    def loss_of(xb):  # type: ignore[no-untyped-def]
+        logits = model(input_ids=xb[:, :-1]).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1))
+
+    return optimise(
+        model, loss_of, ids, steps, batch, lr, weight_decay=0.1, seed=1, label="target loss:"
+    )
 
 
 def distil_draft(draft, target, ids: np.ndarray, steps: int, batch: int, lr: float) -> float:  # type: ignore[no-untyped-def]
+    """KL(target || draft) over every position of the same windows."""
     import torch
     import torch.nn.functional as F
 
-    opt = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    draft.train()
     target.eval()
-    loss_avg = 0.0
-    t0 = time.time()
-    for step, xb in enumerate(batches(ids, batch, steps, seed=2)):
-        for g in opt.param_groups:
-            g["lr"] = schedule(step, steps, lr)
+
+    def loss_of(xb):  # type: ignore[no-untyped-def]
         with torch.no_grad():
             teacher = F.log_softmax(target(input_ids=xb[:, :-1]).logits.float(), -1)
         student = F.log_softmax(draft(input_ids=xb[:, :-1]).logits.float(), -1)
-        loss = F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        loss_avg = 0.98 * loss_avg + 0.02 * loss.item() if step else loss.item()
-        if step % 50 == 0 or step == steps - 1:
-            print(f"draft step {step}/{steps} KL {loss_avg:.3f} ({time.time() - t0:.0f} s)")
-    return loss_avg
+        return F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1).mean()
+
+    return optimise(
+        draft, loss_of, ids, steps, batch, lr, weight_decay=0.0, seed=2, label="draft KL:"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,18 @@ def demo_dir() -> Path:
     return path
 
 
+def demo_tokenizer() -> Any:
+    """The demo target's tokenizer (a ``tokenizers.Tokenizer``)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(demo_dir() / "tokenizer.json"))
+
+
+def emulator_url() -> str:
+    """The built-in emulator with the demo draft loaded."""
+    return f"emu://?context={POSITIONS}&image={demo_dir() / 'draft.img'}"
+
+
 @dataclass
 class DemoResult:
     prompt: str
@@ -65,20 +77,18 @@ def run_demo(
 ) -> DemoResult:
     """Generate ``max_new_tokens`` greedily, speculatively then with the target alone.
     ``on_text`` receives the speculative text as the target accepts it."""
-    from tokenizers import Tokenizer
-
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.card import open_card
     from exstill_sdk.spec import SpeculativeDecoder
 
     data = demo_dir()
-    tokenizer = Tokenizer.from_file(str(data / "tokenizer.json"))
+    tokenizer = demo_tokenizer()
     prompt_ids = tokenizer.encode(prompt).ids
     if not prompt_ids:
         raise ExstillError("the prompt is empty")
     target = OnnxTarget(data / "target.img", max_sequences=1, positions=POSITIONS)
     budget = min(max_new_tokens, POSITIONS - len(prompt_ids) - 16)
-    card_url = url or f"emu://?context={POSITIONS}&image={data / 'draft.img'}"
+    card_url = url or emulator_url()
     with open_card(card_url) as card:
         if DRAFT_TARGET not in {t.name for t in card.info().targets}:
             raise UnknownModelError(

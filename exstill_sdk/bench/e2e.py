@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, demo_dir
+from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, demo_dir, demo_tokenizer, emulator_url
 
 KList = tuple[int, ...]
 
@@ -28,10 +28,8 @@ def held_out_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
     """The first tokens of held-out stdlib files that exist on this machine."""
     import json
 
-    from tokenizers import Tokenizer
-
     data = demo_dir()
-    tokenizer = Tokenizer.from_file(str(data / "tokenizer.json"))
+    tokenizer = demo_tokenizer()
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     prompts = []
     for rel in json.loads((data / "training.json").read_text())["held_out_files"]:
@@ -81,7 +79,7 @@ def run(
         "new_tokens": new_tokens,
         "onnx_target": {"plain_tokens_per_s": round(n_out / plain_s, 1)},
     }
-    url = f"emu://?context={POSITIONS}&image={data / 'draft.img'}"
+    url = emulator_url()
 
     def speculate(card: Any, k: int | Literal["adaptive"], draft: str | None) -> dict[str, Any]:
         decoder = SpeculativeDecoder(card, target, draft=draft, k=k, max_k=max(ks))

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tokenizers import Tokenizer
-
-from exstill_sdk.demo import DEFAULT_PROMPT, demo_dir
+from exstill_sdk.demo import DEFAULT_PROMPT, demo_dir, demo_tokenizer
 
 from .helpers import script, start_emu
 
@@ -24,7 +22,7 @@ def test_demo_on_the_builtin_emulator_matches_the_target_alone() -> None:
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["identical"] is True and result["new_tokens"] == 48
-    tokenizer = Tokenizer.from_file(str(demo_dir() / "tokenizer.json"))
+    tokenizer = demo_tokenizer()
     prompt_ids = tokenizer.encode(DEFAULT_PROMPT).ids
     assert tokenizer.encode(DEFAULT_PROMPT + result["text"]).ids[: len(prompt_ids)] == prompt_ids
     assert len(result["acceptance_per_position"]) == 8

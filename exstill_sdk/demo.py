@@ -17,6 +17,9 @@ from exstill_sdk.errors import ExstillError, UnknownModelError
 
 DRAFT_TARGET = "demo-draft"
 POSITIONS = 2048
+THREADS = 1
+"""Compute threads of the demo target and of the emulated card: one core each, as a card brings
+its own silicon; the target alone gets the same one core, so the comparison is like for like."""
 DEFAULT_PROMPT = 'def read_config(path):\n    """Read a configuration file and return a dict."""\n'
 
 
@@ -39,7 +42,7 @@ def demo_tokenizer() -> Any:
 
 def emulator_url() -> str:
     """The built-in emulator with the demo draft loaded."""
-    return f"emu://?context={POSITIONS}&image={demo_dir() / 'draft.img'}"
+    return f"emu://?context={POSITIONS}&threads={THREADS}&image={demo_dir() / 'draft.img'}"
 
 
 @dataclass
@@ -86,7 +89,7 @@ def run_demo(
     prompt_ids = tokenizer.encode(prompt).ids
     if not prompt_ids:
         raise ExstillError("the prompt is empty")
-    target = OnnxTarget(data / "target.img", max_sequences=1, positions=POSITIONS)
+    target = OnnxTarget(data / "target.img", max_sequences=1, positions=POSITIONS, threads=THREADS)
     budget = min(max_new_tokens, POSITIONS - len(prompt_ids) - 16)
     card_url = url or emulator_url()
     with open_card(card_url) as card:

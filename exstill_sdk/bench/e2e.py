@@ -19,7 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, demo_dir, demo_tokenizer, emulator_url
+from exstill_sdk.demo import (
+    DRAFT_TARGET,
+    POSITIONS,
+    THREADS,
+    demo_dir,
+    demo_tokenizer,
+    emulator_url,
+)
 
 KList = tuple[int, ...]
 
@@ -66,7 +73,9 @@ def run(
     data = demo_dir()
     inputs = held_out_prompts(prompts, prompt_tokens)
     n_out = new_tokens * len(inputs)
-    target = OnnxTarget(data / "target.img", max_sequences=max(users), positions=POSITIONS)
+    target = OnnxTarget(
+        data / "target.img", max_sequences=max(users), positions=POSITIONS, threads=THREADS
+    )
     plain_s = 0.0
     reference = []
     for p in inputs:

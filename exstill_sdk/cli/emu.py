@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="fault injection: cut power once the store has written BYTES bytes",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="compute threads per transformer engine (default 0: one per core)",
+    )
     p.add_argument("--max-k", type=int, default=16, help="largest K a stream may ask for")
     p.add_argument("--no-prefetch", action="store_true", help="disable next-draft prefetch")
     p.add_argument("--json", action="store_true", help="print the first line as JSON")
@@ -77,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         if listen.scheme != "tcp" or not listen.hostname or listen.port is None:
             raise ExstillError(f"--listen wants tcp://HOST:PORT, not {args.listen!r}")
         engines = build_engines(
-            args.engine or ["lookup"], args.image, args.streams, args.context, args.trusted_keys
+            args.engine or ["lookup"],
+            args.image,
+            args.streams,
+            args.context,
+            args.trusted_keys,
+            threads=args.threads,
         )
         store = None
         if args.store:

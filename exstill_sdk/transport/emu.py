@@ -2,7 +2,9 @@
 
 Query parameters: ``streams`` (slots, default 12), ``context`` (tokens per slot, 16384),
 ``engine`` (comma-separated built-in engines, ``lookup``), ``image`` (comma-separated card image
-paths, one target each), ``max_k`` (16), ``prefetch`` (1/0).
+paths, one target each), ``max_k`` (16), ``prefetch`` (1/0), ``threads`` (compute threads of
+the transformer engines; 0, the default, lets onnxruntime use every core; 1 leaves the other
+cores to the host, as a card's own silicon would).
 A request is served inside ``send_frame`` on the caller's thread: no socket and no thread
 hand-off on the per-round path.
 """
@@ -42,15 +44,16 @@ class EmuTransport(Transport):
         context = int_param(params, "context", 16384)
         max_k = int_param(params, "max_k", 16)
         prefetch = int_param(params, "prefetch", 1)
+        threads = int_param(params, "threads", 0)
         store_dir = params.pop("store", None)
         names = params.pop("engine", "lookup").split(",")
         images = [p for p in params.pop("image", "").split(",") if p]
         if params:
             raise BadURLError(
                 f"unknown emu:// option(s) {', '.join(params)}; known: streams, context, "
-                "engine, image, store, max_k, prefetch"
+                "engine, image, store, max_k, prefetch, threads"
             )
-        engines = build_engines(names, images, slots, context)
+        engines = build_engines(names, images, slots, context, threads=threads)
         try:
             from exstill_firmware.store import Store
 

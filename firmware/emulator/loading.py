@@ -19,15 +19,17 @@ def build_engines(
     slots: int,
     context: int,
     trusted_keys: str | Path | None = None,
+    threads: int = 0,
 ) -> list[DraftEngine]:
     """Built-in engines by name, then one transformer engine per image. Every image is checked
     in full (digest, and signature when trusted keys are given) before it is used, as a card
-    does; two images for the same target are refused."""
+    does; two images for the same target are refused. ``threads`` is the compute threads each
+    transformer engine may use (0: onnxruntime's default, one per core)."""
     out: list[DraftEngine] = [builtin_engine(name) for name in engines]
     trusted = load_trusted_keys(trusted_keys) if trusted_keys else None
     for path in images:
         image = open_image(path, verify=True, trusted_keys=trusted)
         if any(e.name == image.target for e in out):
             raise ImageError(f"{path}: target {image.target!r} is already loaded")
-        out.append(TransformerEngine(image, rows=slots, positions=context))
+        out.append(TransformerEngine(image, rows=slots, positions=context, threads=threads))
     return out

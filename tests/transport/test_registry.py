@@ -42,3 +42,27 @@ def test_emu_options() -> None:
         open_card("emu://?streams=0")
     with pytest.raises(BadURLError):
         open_card("emu://?streams=1&streams=2")
+
+
+def test_emu_threads_option_sets_the_engines_compute_threads() -> None:
+    from urllib.parse import urlsplit
+
+    from exstill_firmware.engines.transformer import TransformerEngine
+
+    from exstill_sdk.card import Card
+    from exstill_sdk.demo import demo_dir
+    from exstill_sdk.transport.emu import EmuTransport
+
+    image = demo_dir() / "draft.img"
+    for threads in (1, 2):
+        url = urlsplit(f"emu://?streams=2&context=64&threads={threads}&image={image}")
+        transport = EmuTransport.from_url(url, 5.0)
+        engines = [e for e in transport.runtime.models.values() if isinstance(e, TransformerEngine)]
+        options = engines[0].runner.session.get_session_options()
+        assert options.intra_op_num_threads == threads
+        with Card(transport) as card:
+            stream = card.open_stream(target="demo-draft")
+            stream.prefill([1, 2, 3])
+            assert len(stream.draft(3).tokens) == 3
+    with pytest.raises(BadURLError, match="threads"):
+        open_card("emu://?threads=two")

@@ -1,0 +1,188 @@
+"""One card stream per row of a serving engine's batch, kept in step with the row's tokens.
+
+Serving engines such as vLLM hand a drafter, once per step, the batch as rows: each row's
+tokens so far (prompt + output, speculative tokens excluded) and the tokens sampled in the
+step. They do not say which request a row holds, and rows move when requests finish (the batch
+is compacted) or are preempted. ``RowStreams`` therefore matches by content:
+
+- a row whose tokens extend a stream's context by the stream's last draft's accepted prefix and
+  one more token is that stream's request, one round later: one COMMIT (accepted count, bonus,
+  next K) brings the next draft, which the card may already have drafted ahead;
+- a row whose tokens extend a stream's context otherwise (the first step after the prompt, a
+  re-scheduled request) prefills the difference and drafts;
+- a row that matches no stream takes a stream that no row wants (rolled back to the longest
+  common prefix, then prefilled) or opens one;
+- streams that no row in the batch wants are closed.
+
+Output never depends on any of this: the target verifies every drafted token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exstill_sdk.card import Card, DraftStream
+from exstill_sdk.errors import CardFullError
+from exstill_sdk.protocol.constants import WireMode
+
+
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(len(a), len(b))
+    differ = np.flatnonzero(a[:m] != b[:m])
+    return int(differ[0]) if len(differ) else m
+
+
+@dataclass
+class _Tracked:
+    stream: DraftStream
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The context the card's stream holds (committed tokens)."""
+    draft: tuple[int, ...] | None = None
+    """The stream's pending draft (None: none pending, as after an open or a rollback)."""
+
+
+@dataclass
+class RowStats:
+    commits: int = 0
+    """Rows kept in step with one COMMIT."""
+    prefills: int = 0
+    """Rows that needed a prefill (new requests, re-synchronised ones)."""
+    opened: int = 0
+    closed: int = 0
+    prefetch_hits: int = 0
+    no_stream: int = 0
+    """Row-steps without a draft because every stream of the card was taken."""
+
+
+class RowStreams:
+    """Card streams for the rows of a batch (see the module's docstring).
+
+    ``draft`` names a target image on the card, ``engine`` a built-in engine (used when
+    ``draft`` is None). Drafts are greedy token lists (wire mode TOKENS).
+    """
+
+    def __init__(self, card: Card, *, draft: str | None = None, engine: str | None = None) -> None:
+        self.card = card
+        self.draft_target = draft
+        self.engine = engine
+        self.stats = RowStats()
+        self._rows: dict[int, _Tracked] = {}
+
+    def propose(
+        self,
+        sampled: Sequence[Sequence[int]],
+        lengths: np.ndarray,
+        tokens: np.ndarray,
+        k: int,
+        max_length: int | None = None,
+    ) -> list[list[int]]:
+        """Drafts for each row: row ``i`` holds ``tokens[i, :lengths[i]]``, of which the last
+        ``len(sampled[i])`` were sampled in this step; rows with nothing sampled (still in
+        prefill) get no draft. Drafts stop short of ``max_length`` tokens in all."""
+        out: list[list[int]] = [[] for _ in sampled]
+        unclaimed = self._rows
+        self._rows = {}
+        wanted: list[tuple[int, np.ndarray]] = []
+        capacity = self.card.info().context
+        for i, new in enumerate(sampled):
+            if not len(new):
+                if i in unclaimed:  # a row mid-prefill keeps its stream
+                    self._rows[i] = unclaimed.pop(i)
+            elif lengths[i] < capacity:  # longer rows go on without drafts
+                wanted.append((i, np.asarray(tokens[i, : int(lengths[i])], np.int64)))
+        # Rows that extend a stream's context: their own stream, or one that moved rows.
+        orphans = []
+        for i, ctx in wanted:
+            tracked = self._claim_extending(unclaimed, i, ctx)
+            if tracked is None:
+                orphans.append((i, ctx))
+            else:
+                self._rows[i] = tracked
+        for i, ctx in orphans:
+            try:
+                self._rows[i] = self._reuse_or_open(unclaimed, i, ctx)
+            except CardFullError:
+                self.stats.no_stream += 1  # more requests than streams: this one goes without
+        for tracked in unclaimed.values():
+            self._close(tracked)
+        for i, ctx in wanted:
+            if i not in self._rows:
+                continue
+            limit = k if max_length is None else min(k, max_length - len(ctx))
+            out[i] = self._sync(self._rows[i], ctx, limit)
+        return out
+
+    def close(self) -> None:
+        """Close every stream (the engine shut down)."""
+        rows, self._rows = self._rows, {}
+        for tracked in rows.values():
+            self._close(tracked)
+
+    # ------------------------------------------------------------------ matching
+
+    @staticmethod
+    def _extends(tracked: _Tracked, ctx: np.ndarray) -> bool:
+        n = len(tracked.tokens)
+        return n < len(ctx) and common_prefix_length(tracked.tokens, ctx) == n
+
+    def _claim_extending(
+        self, unclaimed: dict[int, _Tracked], row: int, ctx: np.ndarray
+    ) -> _Tracked | None:
+        own = unclaimed.get(row)
+        if own is not None and self._extends(own, ctx):
+            return unclaimed.pop(row)
+        best = max(
+            (r for r, t in unclaimed.items() if self._extends(t, ctx)),
+            key=lambda r: len(unclaimed[r].tokens),
+            default=None,
+        )
+        return None if best is None else unclaimed.pop(best)
+
+    def _reuse_or_open(self, unclaimed: dict[int, _Tracked], row: int, ctx: np.ndarray) -> _Tracked:
+        if unclaimed:
+            best = max(
+                unclaimed,
+                key=lambda r: (common_prefix_length(unclaimed[r].tokens, ctx), r == row),
+            )
+            tracked = unclaimed.pop(best)
+            keep = common_prefix_length(tracked.tokens, ctx)
+            if keep == len(ctx):
+                keep -= 1  # feed at least one token so the draft follows the whole context
+            tracked.stream.rollback(keep)
+            tracked.tokens, tracked.draft = tracked.tokens[:keep], None
+            return tracked
+        if self.draft_target is not None:
+            stream = self.card.open_stream(target=self.draft_target, wire_mode=WireMode.TOKENS)
+        else:
+            stream = self.card.open_stream(self.engine, wire_mode=WireMode.TOKENS)
+        self.stats.opened += 1
+        return _Tracked(stream)
+
+    def _close(self, tracked: _Tracked) -> None:
+        tracked.stream.close()
+        self.stats.closed += 1
+
+    # ------------------------------------------------------------------ one row
+
+    def _sync(self, tracked: _Tracked, ctx: np.ndarray, k: int) -> list[int]:
+        """Bring the stream to ``ctx`` (which extends its context) and draft up to ``k``."""
+        k = max(0, min(k, tracked.stream.capacity - len(ctx) - 1))  # room for the bonus
+        new = ctx[len(tracked.tokens) :]
+        pending = tracked.draft
+        if (
+            pending is not None
+            and common_prefix_length(new[:-1], np.asarray(pending)) == len(new) - 1
+        ):
+            accepted = len(new) - 1
+            result = tracked.stream.commit(accepted, int(new[-1]), k)
+            self.stats.commits += 1
+            self.stats.prefetch_hits += result.prefetch_hit
+        else:
+            tracked.stream.prefill([int(t) for t in new])
+            result = tracked.stream.draft(k)
+            self.stats.prefills += 1
+        tracked.tokens, tracked.draft = ctx, result.tokens
+        return list(result.tokens)

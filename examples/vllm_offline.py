@@ -43,7 +43,9 @@ def run_vllm(args: argparse.Namespace, prompts: list[Any], speculative: bool) ->
         seed=0,
         **kwargs,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    lengths = [int(n) for n in str(args.max_tokens).split(",")]
+    lengths += lengths[-1:] * (len(prompts) - len(lengths))
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
@@ -70,7 +72,12 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--prompt-ids", default="1,2,3,4,5,6,7,8", help="'1,2,3;4,5,6'")
     p.add_argument("--prompt", action="append", help="text prompt (repeatable)")
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument(
+        "--max-tokens",
+        default="48",
+        help="tokens to generate, one number or one per prompt ('48,16,32'): requests that "
+        "finish at different times make vLLM compact its batch",
+    )
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -85,9 +85,9 @@ def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Pat
                 "--k",
                 "4",
                 "--prompt-ids",
-                "1,2,3,4,5,6,7,8;9,10,11,12;100,200,300",
+                "1,2,3,4,5,6,7,8;9,10,11,12;100,200,300;7,7,7,7,7",
                 "--max-tokens",
-                "48",
+                "48,12,30,40",  # requests finish at different steps: vLLM moves rows
                 "--json",
             ],
             capture_output=True,
@@ -95,13 +95,17 @@ def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Pat
             env=env,
             timeout=900,
         )
+        from exstill_sdk.card import open_card
+
+        with open_card(url) as card:
+            card_stats = card.stats()
     finally:
         emu.terminate()
         emu.wait(30)
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     plain, spec = report["plain"], report["exstill"]
-    assert [len(t) for t in plain["tokens"]] == [48, 48, 48]
+    assert [len(t) for t in plain["tokens"]] == [48, 12, 30, 40]
     assert spec["tokens"] == plain["tokens"]
     assert report["identical"] is True
     counters = spec["spec_decode"]
@@ -109,3 +113,7 @@ def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Pat
     assert counters["vllm:spec_decode_num_drafts"] > 0
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
     assert not plain["spec_decode"]  # vLLM without speculation counts nothing
+    # One stream per request, kept while vLLM moved rows as requests finished, and all freed.
+    assert card_stats["streams_opened"] == 4
+    assert card_stats["streams_open"] == 0
+    assert card_stats["rounds"] >= counters["vllm:spec_decode_num_drafts"] - 4

@@ -102,13 +102,15 @@ class StoreService:
         return b""
 
 
-def transformer_factory(slots: int, context: int) -> Callable[[Path, str], DraftEngine]:
+def transformer_factory(
+    slots: int, context: int, threads: int = 0
+) -> Callable[[Path, str], DraftEngine]:
     """Engines for store images: the transformer engine, named after the store's target."""
 
     def make(path: Path, name: str) -> DraftEngine:
         from .engines.transformer import TransformerEngine
 
-        engine = TransformerEngine(open_image(path), rows=slots, positions=context)
+        engine = TransformerEngine(open_image(path), rows=slots, positions=context, threads=threads)
         engine.name = name
         return engine
 

@@ -76,9 +76,11 @@ class CardRuntime:
         prefetch: bool = True,
         background_prefetch: bool = True,
         store: Store | None = None,
+        threads: int = 0,
     ) -> None:
         """``prefetch`` drafts ahead between rounds; with ``background_prefetch`` a worker
-        thread does it, otherwise the serving loop calls ``run_prefetch`` when idle."""
+        thread does it, otherwise the serving loop calls ``run_prefetch`` when idle.
+        ``threads``: compute threads of the transformer engines made for flashed images."""
         if not 16 <= context <= 1 << 24:
             raise ValueError(f"context per slot must be 16..{1 << 24} tokens, not {context}")
         if not 1 <= max_k <= MAX_K_LIMIT:
@@ -105,7 +107,7 @@ class CardRuntime:
         }
         self.store = None
         if store is not None:
-            self.store = StoreService(self, store, transformer_factory(slots, context))
+            self.store = StoreService(self, store, transformer_factory(slots, context, threads))
             self._handlers.update(self.store.handlers())
 
     # ------------------------------------------------------------ sessions and frames

@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             max_k=args.max_k,
             prefetch=not args.no_prefetch,
             background_prefetch=False,
+            threads=args.threads,
         )
         server: TcpCardServer | PtyCardServer = (
             PtyCardServer(runtime)

@@ -59,7 +59,13 @@ class EmuTransport(Transport):
 
             store = Store(store_dir) if store_dir else None
             runtime = CardRuntime(
-                slots, context, engines, max_k=max_k, prefetch=bool(prefetch), store=store
+                slots,
+                context,
+                engines,
+                max_k=max_k,
+                prefetch=bool(prefetch),
+                store=store,
+                threads=threads,
             )
         except ValueError as exc:
             raise BadURLError(str(exc)) from None

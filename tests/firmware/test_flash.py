@@ -265,3 +265,14 @@ def test_a_full_store_refuses_before_any_byte_is_written(images, tmp_path: Path)
         card.erase("tiny")
         flash(card, images["2"])
         assert [e.version for e in card.list_images()] == ["2"]
+
+
+def test_flashed_images_run_with_the_cards_compute_threads(images, tmp_path: Path) -> None:
+    from exstill_firmware.engines.transformer import TransformerEngine
+
+    runtime = CardRuntime(4, 256, store=Store(tmp_path), prefetch=False, threads=1)
+    with Card(EmuTransport(runtime, owns_runtime=True)) as card:
+        flash(card, images["1"])
+        engine = runtime.models["tiny"]
+        assert isinstance(engine, TransformerEngine)
+        assert engine.runner.session.get_session_options().intra_op_num_threads == 1

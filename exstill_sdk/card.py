@@ -464,6 +464,12 @@ class DraftStream:
     def commit(self, accepted: int, bonus: int, next_k: int, timeout: float | None = None) -> Draft:
         """One verification round: the target accepted the first ``accepted`` tokens of the last
         draft, then produced ``bonus``; returns the next draft of up to ``next_k`` tokens."""
+        return self.receive_commit(self.send_commit(accepted, bonus, next_k), accepted, timeout)
+
+    def send_commit(self, accepted: int, bonus: int, next_k: int) -> int:
+        """The first half of ``commit``: send the round without waiting for the reply, so that
+        several streams' rounds travel together; ``receive_commit`` with the returned request
+        id (and the same ``accepted``) completes it."""
         if self._resync or self.closed:
             self._guard()
         if not 0 <= accepted <= len(self.last_draft):
@@ -480,12 +486,30 @@ class DraftStream:
                     PROTOCOL_VERSION, Opcode.COMMIT, rid, self.handle, 6, accepted, next_k, bonus
                 )
             )
+            with card._send_lock:
+                card._transport.send_frame(frame)
         except struct.error:
             card._pending.discard(rid)
             raise InvalidArgumentError(
                 f"bonus must be a u32 token id and next K 0..255 (got {bonus!r}, {next_k!r})"
             ) from None
-        result = _parse_draft(self._exchange(frame, rid, Opcode.COMMIT, timeout))
+        except BaseException:
+            card._pending.discard(rid)
+            raise
+        return rid
+
+    def receive_commit(self, rid: int, accepted: int, timeout: float | None = None) -> Draft:
+        """The second half of ``commit``: the next draft. A timeout leaves the card's state
+        unknown, so the stream resynchronises before its next request."""
+        card = self.card
+        try:
+            reply = card._await(rid, time.monotonic() + (timeout or card.timeout))
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+        finally:
+            card._pending.discard(rid)
+        result = _parse_draft(card._check_reply(reply, Opcode.COMMIT))
         self.length += accepted + 1
         self.last_draft = result.tokens
         return result

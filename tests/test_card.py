@@ -216,3 +216,45 @@ def test_trace_logs_decoded_frames(caplog: pytest.LogCaptureFixture) -> None:
         s.prefill([1, 2, 1])
     text = caplog.text
     assert "'op': 'HELLO'" in text and "'op': 'PREFILL reply'" in text and "'length': 3" in text
+
+
+def test_pipelined_commits_match_one_at_a_time(tcp_server: TcpCardServer) -> None:
+    """send_commit for several streams, then receive_commit in another order: the drafts are
+    those of commit() one stream at a time."""
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 5, 6, 5, 6], [9, 8, 7, 9, 8, 7, 9]]
+
+    def run(card, pipelined: bool) -> list[tuple[int, ...]]:
+        streams = [card.open_stream("lookup") for _ in prompts]
+        drafts = []
+        for s, p in zip(streams, prompts, strict=True):
+            s.prefill(p)
+            drafts.append(s.draft(4).tokens)
+        out = []
+        lengths = [len(p) for p in prompts]
+        for _ in range(5):
+            accepted = [min(2, len(d)) for d in drafts]
+            lengths = [n + a + 1 for n, a in zip(lengths, accepted, strict=True)]
+            bonus = [d[a] + 1 if a < len(d) else 4 for d, a in zip(drafts, accepted, strict=True)]
+            if pipelined:
+                rids = [
+                    s.send_commit(a, b, 4) for s, a, b in zip(streams, accepted, bonus, strict=True)
+                ]
+                got = {}
+                for i in reversed(range(len(streams))):
+                    got[i] = streams[i].receive_commit(rids[i], accepted[i]).tokens
+                drafts = [got[i] for i in range(len(streams))]
+            else:
+                drafts = [
+                    s.commit(a, b, 4).tokens
+                    for s, a, b in zip(streams, accepted, bonus, strict=True)
+                ]
+            out.extend(drafts)
+        assert [s.length for s in streams] == lengths
+        for s in streams:
+            s.close()
+        return out
+
+    with open_card(f"tcp://127.0.0.1:{tcp_server.port}") as card:
+        pipelined = run(card, True)
+    with open_card("emu://") as card:
+        assert run(card, False) == pipelined

@@ -14,19 +14,26 @@ is compacted) or are preempted. ``RowStreams`` therefore matches by content:
   common prefix, then prefilled) or opens one;
 - streams that no row in the batch wants are closed.
 
-Output never depends on any of this: the target verifies every drafted token.
+The rows' COMMITs are sent together and their replies collected after, so a step costs about
+one round trip to the card, not one per row. A card error on a row drops that row's stream (the
+row goes on without drafts until it is re-opened); a lost link gives the step no drafts and
+reconnects. Output never depends on any of this: the target verifies every drafted token.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from exstill_sdk.card import Card, DraftStream
-from exstill_sdk.errors import CardFullError
+from exstill_sdk.card import Card, Draft, DraftStream
+from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError
 from exstill_sdk.protocol.constants import WireMode
+
+log = logging.getLogger(__name__)
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -55,6 +62,9 @@ class RowStats:
     prefetch_hits: int = 0
     no_stream: int = 0
     """Row-steps without a draft because every stream of the card was taken."""
+    errors: int = 0
+    """Rows whose stream the card refused or lost (the row went on without a draft)."""
+    reconnects: int = 0
 
 
 class RowStreams:
@@ -82,11 +92,30 @@ class RowStreams:
         """Drafts for each row: row ``i`` holds ``tokens[i, :lengths[i]]``, of which the last
         ``len(sampled[i])`` were sampled in this step; rows with nothing sampled (still in
         prefill) get no draft. Drafts stop short of ``max_length`` tokens in all."""
+        try:
+            return self._propose(sampled, lengths, tokens, k, max_length)
+        except DeviceLostError as exc:
+            log.warning("%s; reconnecting, this step goes without drafts", exc)
+            self._rows = {}  # the card forgot every stream
+            self.stats.reconnects += 1
+            with contextlib.suppress(ExstillError):
+                self.card.reconnect()
+            return [[] for _ in sampled]
+
+    def _propose(
+        self,
+        sampled: Sequence[Sequence[int]],
+        lengths: np.ndarray,
+        tokens: np.ndarray,
+        k: int,
+        max_length: int | None,
+    ) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in sampled]
         unclaimed = self._rows
         self._rows = {}
         wanted: list[tuple[int, np.ndarray]] = []
-        capacity = self.card.info().context
+        info = self.card.info()
+        capacity, k = info.context, min(k, info.max_k)
         for i, new in enumerate(sampled):
             if not len(new):
                 if i in unclaimed:  # a row mid-prefill keeps its stream
@@ -108,11 +137,36 @@ class RowStreams:
                 self.stats.no_stream += 1  # more requests than streams: this one goes without
         for tracked in unclaimed.values():
             self._close(tracked)
+        # Send every row's round, then collect the drafts.
+        in_flight: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, rid, accepted)
         for i, ctx in wanted:
-            if i not in self._rows:
+            tracked = self._rows.get(i)
+            if tracked is None:
                 continue
             limit = k if max_length is None else min(k, max_length - len(ctx))
-            out[i] = self._sync(self._rows[i], ctx, limit)
+            try:
+                sent = self._send(tracked, ctx, limit)
+            except DeviceLostError:
+                raise
+            except ExstillError as exc:
+                self._drop(i, exc)
+                continue
+            if isinstance(sent, Draft):
+                out[i] = self._record(tracked, ctx, sent)
+            else:
+                in_flight.append((i, ctx, *sent))
+        for i, ctx, rid, accepted in in_flight:
+            tracked = self._rows[i]
+            try:
+                draft = tracked.stream.receive_commit(rid, accepted)
+            except DeviceLostError:
+                raise
+            except ExstillError as exc:
+                self._drop(i, exc)
+                continue
+            self.stats.commits += 1
+            self.stats.prefetch_hits += draft.prefetch_hit
+            out[i] = self._record(tracked, ctx, draft)
         return out
 
     def close(self) -> None:
@@ -162,13 +216,21 @@ class RowStreams:
         return _Tracked(stream)
 
     def _close(self, tracked: _Tracked) -> None:
-        tracked.stream.close()
+        with contextlib.suppress(ExstillError):  # the card may have dropped it already
+            tracked.stream.close()
         self.stats.closed += 1
+
+    def _drop(self, row: int, exc: ExstillError) -> None:
+        log.warning("row %d goes on without drafts: %s", row, exc)
+        self.stats.errors += 1
+        self._close(self._rows.pop(row))
 
     # ------------------------------------------------------------------ one row
 
-    def _sync(self, tracked: _Tracked, ctx: np.ndarray, k: int) -> list[int]:
-        """Bring the stream to ``ctx`` (which extends its context) and draft up to ``k``."""
+    def _send(self, tracked: _Tracked, ctx: np.ndarray, k: int) -> tuple[int, int] | Draft:
+        """Start bringing the stream to ``ctx`` (which extends its context) with a draft of up
+        to ``k``: one round in flight (request id, accepted count) when the row is one round
+        on from the stream, else the draft of a prefill."""
         k = max(0, min(k, tracked.stream.capacity - len(ctx) - 1))  # room for the bonus
         new = ctx[len(tracked.tokens) :]
         pending = tracked.draft
@@ -177,12 +239,12 @@ class RowStreams:
             and common_prefix_length(new[:-1], np.asarray(pending)) == len(new) - 1
         ):
             accepted = len(new) - 1
-            result = tracked.stream.commit(accepted, int(new[-1]), k)
-            self.stats.commits += 1
-            self.stats.prefetch_hits += result.prefetch_hit
-        else:
-            tracked.stream.prefill([int(t) for t in new])
-            result = tracked.stream.draft(k)
-            self.stats.prefills += 1
-        tracked.tokens, tracked.draft = ctx, result.tokens
-        return list(result.tokens)
+            return tracked.stream.send_commit(accepted, int(new[-1]), k), accepted
+        tracked.stream.prefill([int(t) for t in new])
+        self.stats.prefills += 1
+        return tracked.stream.draft(k)
+
+    @staticmethod
+    def _record(tracked: _Tracked, ctx: np.ndarray, draft: Draft) -> list[int]:
+        tracked.tokens, tracked.draft = ctx, draft.tokens
+        return list(draft.tokens)

@@ -181,3 +181,54 @@ def test_proposer_drafts_with_the_cards_image_and_checks_the_vocabulary() -> Non
             choose_draft(card, None, 32000)
     with open_card("emu://") as card:
         assert choose_draft(card, None, 4096) is None  # no image: prompt lookup
+
+
+def test_a_refused_row_goes_without_drafts_then_reopens() -> None:
+    with open_card("emu://?max_k=3") as card:
+        rows = RowStreams(card, engine="lookup")
+        contexts = np.array([reference(r)[:20] for r in range(2)])
+        drafts = rows.propose([[c[-1]] for c in contexts], np.full(2, 20), contexts, 8)
+        assert [len(d) for d in drafts] == [3, 3]  # K clipped to the card's max_k
+        rows._rows[0].stream.close()  # the card no longer knows row 0's stream
+        grown = np.array([[*c, *d, 1] for c, d in zip(contexts.tolist(), drafts, strict=True)])
+        n = np.full(2, grown.shape[1])
+        drafts = rows.propose([[*d, 1] for d in drafts], n, grown, 3)
+        assert drafts[0] == [] and drafts[1] == fresh_draft(card, grown[1].tolist(), 3)
+        assert rows.stats.errors == 1
+        again = rows.propose([[1], [1]], n, grown, 3)  # row 0 re-opens and re-prefills
+        assert again == [fresh_draft(card, g.tolist(), 3) for g in grown]
+        assert rows.stats.opened == 3
+        rows.close()
+
+
+def test_a_card_reset_costs_one_step_without_drafts() -> None:
+    import threading
+
+    from exstill_firmware import CardRuntime
+    from exstill_firmware.emulator import TcpCardServer
+
+    def serve(port: int = 0) -> tuple[TcpCardServer, threading.Thread]:
+        server = TcpCardServer(CardRuntime(background_prefetch=False), port=port)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        return server, thread
+
+    server, thread = serve()
+    try:
+        with open_card(f"tcp://127.0.0.1:{server.port}") as card:
+            rows = RowStreams(card, engine="lookup")
+            contexts = np.array([reference(r)[:30] for r in range(3)])
+            n = np.full(3, 30)
+            first = rows.propose([[c[-1]] for c in contexts], n, contexts, 4)
+            assert all(first)
+            server.stop()  # the card restarts
+            thread.join(5)
+            server, thread = serve(server.port)
+            assert rows.propose([[c[-1]] for c in contexts], n, contexts, 4) == [[], [], []]
+            assert rows.stats.reconnects == 1
+            again = rows.propose([[c[-1]] for c in contexts], n, contexts, 4)
+            assert again == first
+            rows.close()
+    finally:
+        server.stop()
+        thread.join(5)

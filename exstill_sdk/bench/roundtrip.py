@@ -4,7 +4,8 @@ The stream drafts with the lookup engine on a repeating 1,000-token context and 
 accepts every draft, so each round carries a full K-token draft. For tcp:// URLs, the same run
 also times a plain Python socket ping-pong with the same byte counts against a trivial echo
 server in another process (the floor any protocol on that link pays), interleaving the two in
-blocks so that machine noise hits both alike.
+blocks so that machine noise hits both alike. With ``streams`` > 1 it also times a step of one
+round on each of that many streams, their COMMITs sent one after another or all at once.
 """
 
 from __future__ import annotations
@@ -159,11 +160,62 @@ def _measure(
     return card_times, raw_times
 
 
+def _steps(states: list[_Rounds], n: int, pipelined: bool) -> list[float]:
+    """Time n steps of one round on every stream: COMMITs one after another, or all sent
+    before any reply is read (what RowStreams does for a serving engine's batch)."""
+    out = []
+    clock = time.perf_counter
+    for _ in range(n):
+        t0 = clock()
+        if pipelined:
+            sent = []
+            for st in states:
+                accepted = len(st.draft.tokens)
+                sent.append((st, st.stream.send_commit(accepted, st.bonus(), st.k), accepted))
+            for st, rid, accepted in sent:
+                st.draft = st.stream.receive_commit(rid, accepted)
+        else:
+            for st in states:
+                st.draft = st.stream.commit(len(st.draft.tokens), st.bonus(), st.k)
+        out.append(clock() - t0)
+    for st in states:
+        st.reset_if_long()
+    return out
+
+
+def many_streams(card: Card, k: int, rounds: int, context: int, streams: int) -> dict[str, Any]:
+    """A step of one round on each of ``streams`` streams, sequential vs pipelined, interleaved
+    in blocks."""
+    states = [_Rounds(card, k, context, seed) for seed in range(streams)]
+    sequential: list[float] = []
+    pipelined: list[float] = []
+    _steps(states, 50, True)  # warm-up
+    while len(sequential) < rounds:
+        n = min(BLOCK // streams + 1, rounds - len(sequential))
+        sequential += _steps(states, n, False)
+        pipelined += _steps(states, n, True)
+    for st in states:
+        st.stream.close()
+    seq_p50 = _percentile(sorted(sequential), 0.5) * 1e6
+    pipe_p50 = _percentile(sorted(pipelined), 0.5) * 1e6
+    return {
+        "streams": streams,
+        "step_sequential_p50_us": round(seq_p50, 2),
+        "step_pipelined_p50_us": round(pipe_p50, 2),
+        "pipelined_speedup": round(seq_p50 / pipe_p50, 2),
+    }
+
+
 def run(
-    url: str, k: int = 6, rounds: int = 10000, context: int = 1000, placement: str = "cross-core"
+    url: str,
+    k: int = 6,
+    rounds: int = 10000,
+    context: int = 1000,
+    placement: str = "cross-core",
+    streams: int = 1,
 ) -> dict[str, Any]:
-    if not 1 <= k <= 255 or rounds < 1 or context < 200:
-        raise ValueError("need 1 <= k <= 255, rounds >= 1, context >= 200")
+    if not 1 <= k <= 255 or rounds < 1 or context < 200 or not 1 <= streams <= 255:
+        raise ValueError("need 1 <= k <= 255, rounds >= 1, context >= 200, 1 <= streams <= 255")
     card = open_card(url)
     counter = _CountingTransport(card._transport)
     try:
@@ -198,7 +250,13 @@ def run(
                 reply_bytes,
                 echo_cpus,
             )
-        after = card.stats()
+            after = card.stats()
+            rounds_state.stream.close()
+            several = (
+                many_streams(card, k, max(1, rounds // streams), context, streams)
+                if streams > 1
+                else {}
+            )
     finally:
         card.close()
     card_times.sort()
@@ -225,4 +283,5 @@ def run(
         result["raw_socket_p50_us"] = round(raw_p50, 2)
         result["raw_socket_p99_us"] = round(_percentile(raw_times, 0.99) * 1e6, 2)
         result["ratio_to_raw_p50"] = round(result["p50_us"] / raw_p50, 3)
+    result.update(several)
     return result

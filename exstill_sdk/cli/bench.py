@@ -21,6 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--rounds", type=int, default=10000, help="timed rounds (default 10000)")
     rt.add_argument("--context", type=int, default=1000, help="stream context length")
     rt.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        help="also time a step of one round on each of N streams, sequential vs pipelined",
+    )
+    rt.add_argument(
         "--placement",
         choices=["cross-core", "same-core", "none"],
         default="cross-core",
@@ -84,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.bench == "roundtrip":
             from exstill_sdk.bench import roundtrip
 
-            result = roundtrip.run(args.url, args.k, args.rounds, args.context, args.placement)
+            result = roundtrip.run(
+                args.url, args.k, args.rounds, args.context, args.placement, args.streams
+            )
         elif args.bench == "engine":
             from exstill_sdk.bench import engine
 

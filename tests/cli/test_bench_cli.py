@@ -31,13 +31,15 @@ def test_emu_roundtrip_json() -> None:
 def test_tcp_roundtrip_json_has_raw_socket_baseline() -> None:
     proc, url = start_emu()
     try:
-        result = _bench("--url", url, "--placement", "none")
+        result = _bench("--url", url, "--placement", "none", "--streams", "4")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
     assert result["bytes_per_round"] == 68  # COBS adds 2 bytes per frame
     assert result["raw_socket_p50_us"] > 0 and result["ratio_to_raw_p50"] > 0
     assert result["placement"] == "none"
+    assert result["streams"] == 4
+    assert result["step_sequential_p50_us"] > 0 and result["step_pipelined_p50_us"] > 0
 
 
 def test_bad_arguments_exit_2() -> None:

@@ -1,4 +1,4 @@
-"""The README's first command runs examples/quickstart.py: it must work and say what it did."""
+"""examples/quickstart.py (the first example to read) runs and says what it did."""
 
 from __future__ import annotations
 

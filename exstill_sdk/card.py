@@ -130,9 +130,21 @@ class Card:
     def _exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes:
         """Send a request frame and return its checked reply frame (raises the card's error)."""
         deadline = time.monotonic() + (timeout or self.timeout)
+        self._send(frame, rid)
+        return self._receive(rid, opcode, deadline)
+
+    def _send(self, frame: bytes, rid: int) -> None:
+        """Send request ``rid``'s frame; a failed send forgets the request."""
         try:
             with self._send_lock:
                 self._transport.send_frame(frame)
+        except BaseException:
+            self._pending.discard(rid)
+            raise
+
+    def _receive(self, rid: int, opcode: int, deadline: float) -> bytes:
+        """Request ``rid``'s checked reply frame (raises the card's error)."""
+        try:
             reply = self._await(rid, deadline)
         finally:
             self._pending.discard(rid)
@@ -252,21 +264,12 @@ class Card:
         returns its reply payload later. Replies arrive in order of sending."""
         self._check_open()
         rid = self._next_rid()
-        frame = seal(HEADER.pack(PROTOCOL_VERSION, opcode, rid, 0, len(payload)) + payload)
-        try:
-            with self._send_lock:
-                self._transport.send_frame(frame)
-        except BaseException:
-            self._pending.discard(rid)
-            raise
+        self._send(seal(HEADER.pack(PROTOCOL_VERSION, opcode, rid, 0, len(payload)) + payload), rid)
         return rid
 
     def receive_pipelined(self, rid: int, opcode: Opcode, timeout: float | None = None) -> bytes:
-        try:
-            reply = self._await(rid, time.monotonic() + (timeout or self.timeout))
-        finally:
-            self._pending.discard(rid)
-        return self._check_reply(reply, opcode)[HEADER_SIZE:-CRC_SIZE]
+        deadline = time.monotonic() + (timeout or self.timeout)
+        return self._receive(rid, opcode, deadline)[HEADER_SIZE:-CRC_SIZE]
 
     def upload_begin(self, req: m.UploadBegin) -> tuple[int, int]:
         """Start or resume an upload: (offset to send from, largest chunk)."""
@@ -486,15 +489,15 @@ class DraftStream:
                     PROTOCOL_VERSION, Opcode.COMMIT, rid, self.handle, 6, accepted, next_k, bonus
                 )
             )
-            with card._send_lock:
-                card._transport.send_frame(frame)
         except struct.error:
             card._pending.discard(rid)
             raise InvalidArgumentError(
                 f"bonus must be a u32 token id and next K 0..255 (got {bonus!r}, {next_k!r})"
             ) from None
-        except BaseException:
-            card._pending.discard(rid)
+        try:
+            card._send(frame, rid)
+        except LinkTimeoutError:  # the card may have the round: resynchronise before the next
+            self._resync = True
             raise
         return rid
 
@@ -503,13 +506,11 @@ class DraftStream:
         unknown, so the stream resynchronises before its next request."""
         card = self.card
         try:
-            reply = card._await(rid, time.monotonic() + (timeout or card.timeout))
+            reply = card._receive(rid, Opcode.COMMIT, time.monotonic() + (timeout or card.timeout))
         except LinkTimeoutError:
             self._resync = True
             raise
-        finally:
-            card._pending.discard(rid)
-        result = _parse_draft(card._check_reply(reply, Opcode.COMMIT))
+        result = _parse_draft(reply)
         self.length += accepted + 1
         self.last_draft = result.tokens
         return result

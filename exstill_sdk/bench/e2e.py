@@ -14,11 +14,11 @@ are the first ``prompt_tokens`` tokens of held-out standard-library files (train
 from __future__ import annotations
 
 import sysconfig
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from exstill_sdk.bench.timing import timed
 from exstill_sdk.demo import (
     DRAFT_TARGET,
     POSITIONS,
@@ -51,12 +51,6 @@ def held_out_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
     raise ValueError(f"found only {len(prompts)} held-out files of {prompt_tokens}+ tokens")
 
 
-def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return time.perf_counter() - t0, out
-
-
 def verify_curve(
     target: Any, context: list[int], sizes: range, repeats: int = 15
 ) -> dict[str, float]:
@@ -68,7 +62,7 @@ def verify_curve(
     for n in sizes:
         best = float("inf")
         for _ in range(repeats):
-            s, _ = _timed(target.verify, -1, context, context[-n:-1] if n > 1 else [])
+            s, _ = timed(target.verify, -1, context, context[-n:-1] if n > 1 else [])
             target.rollback(-1, len(context) - 1)
             best = min(best, s)
         out[str(n)] = round(best * 1e6, 1)
@@ -98,7 +92,7 @@ def run(
     plain_s = 0.0
     reference = []
     for p in inputs:
-        s, out = _timed(target.greedy, p, new_tokens)
+        s, out = timed(target.greedy, p, new_tokens)
         plain_s += s
         reference.append(out)
     result: dict[str, Any] = {
@@ -116,7 +110,7 @@ def run(
         decoder = SpeculativeDecoder(card, target, draft=draft, k=k, max_k=max(ks))
         seconds, outs = 0.0, []
         for p in inputs:
-            s, r = _timed(decoder.generate, p, new_tokens, stop_token_ids=[])
+            s, r = timed(decoder.generate, p, new_tokens, stop_token_ids=[])
             seconds += s
             outs.append(r.tokens)
         m = decoder.metrics
@@ -148,7 +142,7 @@ def run(
         for n in users:
             batch = [inputs[i % len(inputs)] for i in range(n)]
             decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max(ks))
-            seconds, outs = _timed(decoder.generate_batch, batch, new_tokens, stop_token_ids=[])
+            seconds, outs = timed(decoder.generate_batch, batch, new_tokens, stop_token_ids=[])
             onnx["users"][str(n)] = {
                 "tokens_per_s": round(n * new_tokens / seconds, 1),
                 "exact": [o.tokens for o in outs] == [reference[i % len(inputs)] for i in range(n)],
@@ -206,7 +200,7 @@ def _hf_side_by_side(
         fn(inputs[0])  # warm-up
         seconds, outs = 0.0, []
         for p in inputs:
-            s, tokens = _timed(fn, p)
+            s, tokens = timed(fn, p)
             seconds += s
             outs.append(tokens)
         reference = reference or outs

@@ -6,13 +6,13 @@ image). Every speculative output is checked against the plain greedy output.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from exstill_sdk.adapters.onnx import OnnxTarget
+from exstill_sdk.bench.timing import best_of
 from exstill_sdk.card import open_card
 from exstill_sdk.spec import SpeculativeDecoder
 
@@ -23,15 +23,6 @@ def _prompt(vocab: int, seed: int = 0) -> list[int]:
     rng = np.random.default_rng(seed)
     pattern = rng.integers(0, vocab, 40).tolist()
     return pattern * 4
-
-
-def _timed(fn: Any, repeats: int) -> tuple[float, Any]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def run(
@@ -52,25 +43,27 @@ def run(
             raise ValueError("give a target image or --synthetic LAYERSxHIDDEN")
         target = OnnxTarget(image_path, max_sequences=2, positions=POSITIONS)
         prompt = _prompt(target.vocab_size)
-        plain_s, plain = _timed(lambda: target.greedy(prompt, new_tokens), repeats)
+        plain_s, plain = best_of(repeats, target.greedy, prompt, new_tokens)
         url = f"emu://?context={POSITIONS}" + (f"&image={draft_image}" if draft_image else "")
         draft_name = None
         configs: list[int | str] = [*ks, "adaptive"]
         rows = []
+
+        def generate(card: Any, k: int | str, times: int) -> tuple[float, Any]:
+            decoder = SpeculativeDecoder(
+                card,
+                target,
+                draft=draft_name,
+                k=k,  # type: ignore[arg-type]
+                max_k=max(ks),
+            )
+            return best_of(times, decoder.generate, prompt, new_tokens, stop_token_ids=[])
+
         with open_card(url) as card:
             if draft_image:
                 draft_name = card.info().targets[0].name
             for k in configs:
-                decoder = SpeculativeDecoder(
-                    card,
-                    target,
-                    draft=draft_name,
-                    k=k,  # type: ignore[arg-type]
-                    max_k=max(ks),
-                )
-                seconds, result = _timed(
-                    lambda d=decoder: d.generate(prompt, new_tokens, stop_token_ids=[]), repeats
-                )
+                seconds, result = generate(card, k, repeats)
                 m = result.metrics
                 rows.append(
                     {
@@ -90,16 +83,7 @@ def run(
         with open_card(url) as card:
             duel: dict[int | str, float] = {}
             for k in [best["k"], "adaptive"] * repeats:
-                decoder = SpeculativeDecoder(
-                    card,
-                    target,
-                    draft=draft_name,
-                    k=k,  # type: ignore[arg-type]
-                    max_k=max(ks),
-                )
-                seconds, _ = _timed(
-                    lambda d=decoder: d.generate(prompt, new_tokens, stop_token_ids=[]), 1
-                )
+                seconds, _ = generate(card, k, 1)
                 duel[k] = min(duel.get(k, float("inf")), seconds)
     adaptive = rows[-1]
     return {

@@ -467,7 +467,8 @@ class DraftStream:
     def commit(self, accepted: int, bonus: int, next_k: int, timeout: float | None = None) -> Draft:
         """One verification round: the target accepted the first ``accepted`` tokens of the last
         draft, then produced ``bonus``; returns the next draft of up to ``next_k`` tokens."""
-        return self.receive_commit(self.send_commit(accepted, bonus, next_k), accepted, timeout)
+        deadline = time.monotonic() + (timeout or self.card.timeout)  # counted from the send
+        return self._commit_reply(self.send_commit(accepted, bonus, next_k), accepted, deadline)
 
     def send_commit(self, accepted: int, bonus: int, next_k: int) -> int:
         """The first half of ``commit``: send the round without waiting for the reply, so that
@@ -504,9 +505,12 @@ class DraftStream:
     def receive_commit(self, rid: int, accepted: int, timeout: float | None = None) -> Draft:
         """The second half of ``commit``: the next draft. A timeout leaves the card's state
         unknown, so the stream resynchronises before its next request."""
-        card = self.card
+        deadline = time.monotonic() + (timeout or self.card.timeout)
+        return self._commit_reply(rid, accepted, deadline)
+
+    def _commit_reply(self, rid: int, accepted: int, deadline: float) -> Draft:
         try:
-            reply = card._receive(rid, Opcode.COMMIT, time.monotonic() + (timeout or card.timeout))
+            reply = self.card._receive(rid, Opcode.COMMIT, deadline)
         except LinkTimeoutError:
             self._resync = True
             raise

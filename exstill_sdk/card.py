@@ -449,6 +449,41 @@ class DraftStream:
         self.last_draft = ()
         return self.length
 
+    def send_prefill(self, tokens: list[int] | tuple[int, ...]) -> int:
+        """Append tokens without waiting for the card (one frame's worth at most): the card
+        takes them in while the host works on. ``receive_prefill`` with the returned request
+        id completes it; requests sent on the stream meanwhile are served after it, in order."""
+        self._guard()
+        if len(tokens) > self.card._info.max_payload // 4:
+            raise InvalidArgumentError(
+                f"{len(tokens)} tokens do not fit one frame; use prefill() for long runs"
+            )
+        card = self.card
+        card._check_open()
+        rid = card._next_rid()
+        payload = m.encode_tokens(tokens)
+        frame = seal(
+            HEADER.pack(PROTOCOL_VERSION, Opcode.PREFILL, rid, self.handle, len(payload)) + payload
+        )
+        try:
+            card._send(frame, rid)
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+        return rid
+
+    def receive_prefill(self, rid: int, timeout: float | None = None) -> int:
+        """The second half of ``send_prefill``: the stream's new length."""
+        deadline = time.monotonic() + (timeout or self.card.timeout)
+        try:
+            reply = self.card._receive(rid, Opcode.PREFILL, deadline)
+        except LinkTimeoutError:
+            self._resync = True
+            raise
+        self.length = m.decode_u32(reply[HEADER_SIZE:-CRC_SIZE])
+        self.last_draft = ()
+        return self.length
+
     def draft(self, k: int, timeout: float | None = None) -> Draft:
         """Propose up to ``k`` tokens after the committed context."""
         self._guard()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from exstill_firmware import CardRuntime
@@ -25,3 +27,23 @@ def tcp_server() -> Iterator[TcpCardServer]:
     server.stop()
     thread.join(timeout=5)
     runtime.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An exstill cache directory (XDG_CACHE_HOME) holding the large demo target, built once
+    for the session; set in this process's environment, so subprocesses see it too."""
+    from exstill_sdk.demo import expanded_target
+    from exstill_sdk.demo.targets import LARGE_HIDDEN
+
+    base = tmp_path_factory.mktemp("xdg-cache")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(base)
+    try:
+        expanded_target(LARGE_HIDDEN)
+        yield base
+    finally:
+        if before is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = before

@@ -258,3 +258,16 @@ def test_pipelined_commits_match_one_at_a_time(tcp_server: TcpCardServer) -> Non
         pipelined = run(card, True)
     with open_card("emu://") as card:
         assert run(card, False) == pipelined
+
+
+def test_prefill_without_waiting_then_draft_over_tcp(tcp_server: TcpCardServer) -> None:
+    with open_card(tcp_server.url) as card:
+        s, other = card.open_stream(), card.open_stream()
+        s.prefill([1, 2, 3])
+        rid = s.send_prefill([4, 5, 6, 1, 2, 3])
+        other.prefill([9, 9])  # another request answered meanwhile: the reply waits its turn
+        assert s.length == 3  # not known until the reply is read
+        assert s.receive_prefill(rid) == 9 == s.length
+        assert s.draft(3).tokens == (4, 5, 6)  # the card drafts after every token sent
+        with pytest.raises(InvalidArgumentError, match="one frame"):
+            s.send_prefill([1] * (card.info().max_payload // 4 + 1))

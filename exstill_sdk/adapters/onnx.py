@@ -57,7 +57,10 @@ class OnnxTarget(TargetAdapter):
                 f"{len(tokens)} tokens exceed the ONNX target's {self.positions} positions"
             )
         cached = self._cached[seq_id]
-        start = min(common_prefix(cached, tokens), len(context) - 1)
+        # The decoder rolls back to the accepted length, so the cache is usually a prefix of
+        # the new tokens: one C-speed list comparison instead of a Python loop over them.
+        same = len(cached) if tokens[: len(cached)] == cached else common_prefix(cached, tokens)
+        start = min(same, len(context) - 1)
         logits = self.runner.prefill(
             row, np.asarray(tokens[start:], np.int64), start, last=len(draft) + 1
         )

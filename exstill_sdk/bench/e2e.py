@@ -5,7 +5,9 @@
 - several users at once (one speculative sequence each, the card's streams shared);
 - the same two models loaded into transformers from the same weights: the target's own greedy
   ``generate``, HF assisted generation (``generate(assistant_model=draft)``), and our decoder
-  with that HF target and the card.
+  with that HF target and the card;
+- the same draft against the target at several sizes (bench.sizes): the speed-up as the
+  target's step turns from bound by arithmetic to bound by memory.
 
 Every speculative output is compared with the target's own greedy output (``exact``). Prompts
 are the first ``prompt_tokens`` tokens of held-out standard-library files (training.json).
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from exstill_sdk.bench.speedup import verify_curve
 from exstill_sdk.bench.timing import timed
 from exstill_sdk.demo import (
     DRAFT_TARGET,
@@ -51,25 +54,6 @@ def held_out_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
     raise ValueError(f"found only {len(prompts)} held-out files of {prompt_tokens}+ tokens")
 
 
-def verify_curve(
-    target: Any, context: list[int], sizes: range, repeats: int = 15
-) -> dict[str, float]:
-    """Microseconds the target takes to score n tokens after ``context`` (best of ``repeats``):
-    what a round of K drafted tokens costs the target (n = K + 1) against one plain step
-    (n = 1). Speculation pays when this grows slowly with n."""
-    target.verify(-1, context, [])
-    out = {}
-    for n in sizes:
-        best = float("inf")
-        for _ in range(repeats):
-            s, _ = timed(target.verify, -1, context, context[-n:-1] if n > 1 else [])
-            target.rollback(-1, len(context) - 1)
-            best = min(best, s)
-        out[str(n)] = round(best * 1e6, 1)
-    target.release(-1)
-    return out
-
-
 def run(
     *,
     prompts: int = 3,
@@ -78,6 +62,9 @@ def run(
     ks: KList = (1, 2, 3, 4, 5, 6, 7, 8),
     users: KList = (1, 4, 8, 12, 16),
     hf: bool = True,
+    sizes: tuple[str, ...] = (),
+    size_runs: int = 2,
+    progress: bool = False,
 ) -> dict[str, Any]:
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.card import open_card
@@ -149,6 +136,17 @@ def run(
             }
         if hf:
             result["hf_target"] = _hf_side_by_side(card, inputs, new_tokens, max(ks))
+    if sizes:
+        from exstill_sdk.bench import sizes as by_size
+
+        result["sizes"] = by_size.run(
+            sizes,
+            prompt_tokens=prompt_tokens,
+            new_tokens=min(new_tokens, 96),
+            runs=size_runs,
+            max_k=max(ks),
+            progress=progress,
+        )
     return result
 
 

@@ -49,6 +49,25 @@ def plot_e2e(result: dict[str, Any], directory: str | Path) -> list[Path]:
     ax.plot([int(n) for n in users], [u["tokens_per_s"] for u in users.values()], "o-")
     ax.set(xlabel="users (sequences at once)", ylabel="tokens/s, all users", title="Users")
     written.append(_save(fig, out / "e2e_users.png"))
+
+    if "sizes" in result:
+        rows = result["sizes"]["rows"]
+        params = [r["parameters"] / 1e6 for r in rows]
+        speedup = [r["speedup"]["median"] for r in rows]
+        low = [r["speedup"]["median"] - r["speedup"]["min"] for r in rows]
+        high = [r["speedup"]["max"] - r["speedup"]["median"] for r in rows]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.errorbar(params, speedup, yerr=[low, high], fmt="o-", capsize=3, label="measured")
+        ax.plot(params, [r["limit"] for r in rows], "s:", label="pair's limit (free draft)")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set(
+            xlabel="target parameters (millions, f32)",
+            ylabel="speed-up over the target alone",
+            title="Same draft, same text, growing target",
+        )
+        ax.legend()
+        written.append(_save(fig, out / "e2e_speedup_by_size.png"))
     return written
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from exstill_sdk.bench.sizes import DEFAULT_SIZES
 from exstill_sdk.errors import ExstillError
 
 
@@ -69,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--users", default="1,4,8,12,16", help="concurrent users to measure (default 1,4,8,12,16)"
     )
     e2e.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    e2e.add_argument(
+        "--sizes",
+        default=",".join(DEFAULT_SIZES),
+        help="targets for the size sweep: small, large or a hidden size to expand the demo "
+        f"target to (default {','.join(DEFAULT_SIZES)}: 4.2M, 20M, 107M, 404M parameters; "
+        "built into ~/.cache/exstill on first use); 'none' skips the sweep",
+    )
+    e2e.add_argument(
+        "--size-runs", type=int, default=2, help="timed runs of each way per size (default 2)"
+    )
     e2e.add_argument("--plot", metavar="DIR", help="also write PNG plots into DIR (matplotlib)")
     e2e.add_argument("--json", action="store_true", help="print one JSON object")
     fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
@@ -76,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--size-mb", type=int, default=256, help="image size (default 256 MB)")
     fl.add_argument("--json", action="store_true", help="print one JSON object")
     return p
+
+
+def _sizes(text: str) -> tuple[str, ...]:
+    if text == "none":
+        return ()
+    sizes = tuple(s.strip() for s in text.split(","))
+    for size in sizes:
+        if size not in ("small", "large") and not (size.isdigit() and int(size) >= 256):
+            raise ValueError(
+                f"--sizes: {size!r} is not small, large or a hidden size of 256 or more"
+            )
+    return sizes
 
 
 def _print_human(result: dict[str, object]) -> None:
@@ -113,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                 ks=tuple(range(1, args.max_k + 1)),
                 users=tuple(int(u) for u in args.users.split(",")),
                 hf=not args.no_hf,
+                sizes=_sizes(args.sizes),
+                size_runs=args.size_runs,
+                progress=not args.json and sys.stderr.isatty(),
             )
             if args.plot:
                 from exstill_sdk.bench.plots import plot_e2e

@@ -5,8 +5,36 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Literal
 
 from exstill_sdk.errors import ExstillError
+
+MAX_K = 8
+SEPARATOR = "\n──── continuation: the target's own tokens, drafted by the card ────\n"
+
+
+def _k(value: str) -> int | Literal["adaptive"]:
+    if value == "adaptive":
+        return "adaptive"
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be 0..{MAX_K} or 'adaptive', not {value!r}"
+        ) from None
+    if not 0 <= k <= MAX_K:
+        raise argparse.ArgumentTypeError(f"must be 0..{MAX_K} or 'adaptive', not {k}")
+    return k
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {n}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,56 +43,102 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="speculative decoding with the shipped demo pair, against the target alone",
-        description="A small target LLM (trained on Python source) runs on this CPU; its draft "
-        "runs on a card (the built-in emulator unless --url is given). Streams the text, then "
-        "compares tokens/s with the target alone and checks the output is identical.",
+        description="A target LLM (trained on Python source) runs on one core of this CPU; its "
+        "draft runs on a card (an emulated card in its own process on another core, unless "
+        "--url is given). Streams the text, then times speculative decoding against the target "
+        "alone (alternating runs; median and range), checks every output is identical, and "
+        "shows what bounds the speed-up on this machine.",
     )
     demo.add_argument("--prompt", help="text to continue (default: the start of a function)")
     demo.add_argument("--url", help="a card with the demo draft flashed (default: emulator)")
-    demo.add_argument("--max-new-tokens", type=int, default=200, help="default 200")
-    demo.add_argument("--k", default="adaptive", help="draft length 1..8 or 'adaptive'")
+    demo.add_argument(
+        "--target",
+        choices=("large", "small"),
+        default="large",
+        help="large (default): the demo target expanded to 126M parameters, bound by memory "
+        "like a large LLM, built into ~/.cache/exstill on first use; small: the trained 4.2M "
+        "target, whose weights fit in the CPU's cache",
+    )
+    demo.add_argument("--max-new-tokens", type=_positive, default=200, help="default 200")
+    demo.add_argument(
+        "--k", type=_k, default="adaptive", help=f"draft length 0..{MAX_K} or 'adaptive' (default)"
+    )
+    demo.add_argument(
+        "--runs",
+        type=_positive,
+        help="timed runs of each way, alternating (default 3 for large, 11 for small)",
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     return p
+
+
+def _report(result: object) -> str:
+    from exstill_sdk.demo import DemoResult
+
+    assert isinstance(result, DemoResult)
+    run, t = result.run, result.target
+    m = run.metrics
+    steps = " ".join(f"{run.verify_steps[str(n)]:.2f}" for n in range(1, MAX_K + 2))
+    per_pos = " ".join(f"{a:.2f}" for a in m.acceptance_per_position)
+    chosen = ", ".join(f"K={k}: {n}" for k, n in sorted(m.k_chosen.items()))
+    if 0 in m.k_chosen:
+        chosen += "   (K=0: a round of the target alone, the card not asked)"
+
+    def spread(s: object, unit: str) -> str:
+        from exstill_sdk.bench.speedup import Spread
+
+        assert isinstance(s, Spread)
+        return f"{s.median:.1f}{unit} (range {s.low:.1f}-{s.high:.1f})"
+
+    return (
+        f"\n\ntarget        {t.image.target}: {t.description}\n"
+        f"card          {result.placement}\n"
+        f"speculative   {spread(run.spec_tokens_per_s, ' tokens/s')}\n"
+        f"target alone  {spread(run.plain_tokens_per_s, ' tokens/s')}   "
+        f"median of {run.runs} alternating runs each\n"
+        f"speed-up      {run.speedup.median:.2f}x (range {run.speedup.low:.2f}-"
+        f"{run.speedup.high:.2f})\n"
+        f"identical output: {'yes' if result.identical else 'NO'} "
+        f"({len(run.tokens)} tokens, every run)\n"
+        f"verify cost   scoring 1..{MAX_K + 1} tokens costs {steps} plain steps\n"
+        f"pair's limit  {run.limit:.2f}x at K={run.limit_k} (mean acceptance length at K over "
+        f"the cost of scoring K+1 tokens)\n"
+        f"efficiency    {run.efficiency:.2f} (speed-up / limit)\n"
+        f"mean acceptance length {m.mean_acceptance_length:.2f} over {m.rounds} rounds\n"
+        f"acceptance by position {per_pos}\n"
+        f"prefetch hits {m.prefetch_hits} of {m.rounds}\n"
+        f"K chosen      {chosen}"
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
     from exstill_sdk.demo import DEFAULT_PROMPT, run_demo
 
-    k = args.k if args.k == "adaptive" else int(args.k)
     prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
-    if not args.json:
-        sys.stdout.write(prompt)
-        sys.stdout.flush()
+    started = False
 
     def show(text: str) -> None:
+        nonlocal started
+        if not started:  # the prompt once the card and the target are ready
+            sys.stdout.write(prompt.rstrip("\n") + SEPARATOR)
+            started = True
         sys.stdout.write(text)
         sys.stdout.flush()
 
     result = run_demo(
         prompt,
         url=args.url,
+        target=args.target,
         max_new_tokens=args.max_new_tokens,
-        k=k,
+        k=args.k,
+        runs=args.runs,
         on_text=None if args.json else show,
+        progress=not args.json and sys.stderr.isatty(),
     )
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
-        per_pos = " ".join(f"{a:.2f}" for a in result.acceptance_per_position)
-        chosen = ", ".join(f"K={k}: {n}" for k, n in sorted(result.k_chosen.items()))
-        print(
-            "\n\n"
-            f"speculative  {result.spec_tokens_per_s:8.1f} tokens/s\n"
-            f"target alone {result.plain_tokens_per_s:8.1f} tokens/s   "
-            f"speedup {result.speedup:.2f}x\n"
-            f"identical output: {'yes' if result.identical else 'NO'} "
-            f"({result.new_tokens} tokens)\n"
-            f"mean acceptance length {result.mean_acceptance_length:.2f} "
-            f"over {result.rounds} rounds\n"
-            f"acceptance by position {per_pos}\n"
-            f"prefetch hits {result.prefetch_hits} of {result.rounds}\n"
-            f"K chosen      {chosen}"
-        )
+        print(_report(result))
     return 0 if result.identical else 1
 
 
@@ -72,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _demo(args)
+    except KeyboardInterrupt:
+        print(f"\nexstill {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (ExstillError, ValueError) as exc:
         if args.json:
             print(json.dumps({"error": str(exc), "code": getattr(exc, "code", None)}))

@@ -2,7 +2,7 @@
 metrics, and the TargetAdapter interface a target implements."""
 
 from exstill_sdk.spec.adapter import TargetAdapter
-from exstill_sdk.spec.adaptive import AdaptiveK, FixedK
+from exstill_sdk.spec.adaptive import AdaptiveK, FixedK, KPolicy
 from exstill_sdk.spec.decoder import GenerationResult, SpeculativeDecoder
 from exstill_sdk.spec.metrics import SpecMetrics
 from exstill_sdk.spec.sampling import SamplingParams, target_probs
@@ -11,6 +11,7 @@ __all__ = [
     "AdaptiveK",
     "FixedK",
     "GenerationResult",
+    "KPolicy",
     "SamplingParams",
     "SpecMetrics",
     "SpeculativeDecoder",

@@ -15,20 +15,26 @@ accepted draft). All three keep the output exactly the target's:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from exstill_sdk.errors import ProtocolError
+from exstill_sdk.errors import ProtocolError, TargetOutputError
 from exstill_sdk.protocol.messages import Distribution
 from exstill_sdk.spec.sampling import sample
 
 
 def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
-    best = np.argmax(target_logits, axis=-1)
+    """Raises TargetOutputError when a logit it decides by is NaN or infinite (NaN and +inf
+    always win the argmax, so one pass over the logits finds both)."""
+    best = target_logits.argmax(axis=-1)
     n = 0
     while n < len(draft) and draft[n] == best[n]:
         n += 1
+    for i in range(n + 1):
+        if not math.isfinite(target_logits[i, best[i]]):
+            raise TargetOutputError("target returned NaN or infinite logits")
     return n, int(best[n])
 
 

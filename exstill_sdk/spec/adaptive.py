@@ -1,109 +1,292 @@
-"""Choosing K, the number of tokens to draft next, per stream.
+"""Choosing K, the number of tokens to draft next.
 
-``FixedK(k)`` always asks for k. ``AdaptiveK`` picks, each round, the K that maximises
-expected emitted tokens per second of round time, from measurements of this stream:
+``FixedK(k)`` always asks for k. ``AdaptiveK`` picks the K that maximises emitted tokens per
+second of round time. One AdaptiveK serves every sequence of a decoder: what a round costs is
+the target's and the card's, not a sequence's.
+
+The formula, from measurements:
 
     E[tokens](K) = 1 + sum_{i=1..K} prod_{j=1..i} a_j
-    T(K)         = c + d * K + v(K + 1)
-    K*           = argmax_{1 <= K <= max_k} E[tokens](K) / T(K)
+    T(K)         = c + v(K + 1) + d * K
+    K*           = argmax_{0 <= K <= max_k} E[tokens](K) / T(K)
 
-where a_j is the measured probability that drafted position j is accepted given that all
-before it were (counts with an optimistic prior of 0.8 worth two rounds, so that positions not
-yet tried look worth trying), d is the measured card wait per drafted token (near
-0 when prefetch answers at once), v(n) is the target's verify time for n tokens (a least-squares
-line through the measured (n, seconds) of the last rounds), and c is the rest of a round's host
-time. Every 8th round it tries K*+1, so that positions beyond K* keep being measured, and
-four rounds later K*-1, so that the verify line always has more than one n to fit (a stream that
-always drafts the same K would otherwise see verification cost nothing per token).
+a_j is the measured probability that drafted position j is accepted given that all before it
+were (counts with an optimistic prior of 0.8 worth two rounds, so that positions not yet tried
+look worth trying; halved every 256 rounds, so a long-lived policy follows its text); d is the
+measured card wait per drafted token (near 0 when prefetch answers at once); c + v(K + 1) is
+the host's and the target's time in a round verifying K + 1 tokens: the moving average of such
+rounds where there were at least two, else c plus a least-squares line through the verify
+averages of the n that were seen (a target's cost is not a line in n: onnxruntime and BLAS pick
+kernels by shape, so what was measured is used as measured).
+
+What the formula cannot see, the rounds show. Once steady rounds of a K (following a round at
+the same K, so that the card drafted ahead for it) have been seen whole four times within the
+last 64 rounds, the tokens per second they really gave, card wait included, replace the formula
+for that K: prefetch hits and misses, and first runs of a shape, count as they happen. The
+formula still ranks the K not measured lately, scaled by how far it was off for the drafting K
+measured most.
+
+Exploration: every 8th round K*+1, so that positions beyond K* keep being measured; four rounds
+later K*-1, or K = 0 while the target alone has not been measured in the last 64 rounds (it is
+the baseline every other K must beat, unless drafting already gives twice its rate).
+
+K* = 0 means drafting does not pay at these costs: the round is the target's plain step with no
+card round at all (the decoder brings the card up to date when K* turns positive again). Such a
+policy probes K = 1 after 32 rounds, then after 64, 128, up to 1024 while probes keep confirming
+K* = 0, and leaves K = 0 only for a K that promises 15% more than the target alone: each switch
+costs the card a catch-up that the rates do not count, and without the margin text that is
+briefly easy to draft makes K* flip between 0 and 2 at a loss. K* is recomputed every 4th round
+(every 16th while it is 0).
+
+Pure Python on purpose: this runs every round, and on a target whose step costs a few hundred
+microseconds, numpy's per-call overhead on arrays of nine numbers would be a visible share.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
-import numpy as np
-
 PRIOR = 0.8
 PRIOR_WEIGHT = 2.0
+MIN_SAMPLES = 2
+"""Verify samples of one n before their mean replaces the line."""
+VERIFY_WINDOW = 16
+"""The verify averages weigh about the last 16 rounds of each n."""
+MEASURED_ROUNDS = 4
+"""Whole rounds of a K (its card wait, verification and host time) after which the tokens per
+second they gave replace the model's estimate for that K."""
+STALE_ROUNDS = 64
+"""A whole-round measurement older than this many rounds no longer counts (the target's step
+changes as its context grows); the target alone is then measured again."""
+CLEAR_WIN = 2.0
+"""Drafting that gives this many times the target alone's tokens per second needs no re-check of
+the target alone."""
+SWITCH_MARGIN = 0.15
+"""At K* = 0, drafting must promise this much more than the target alone before the stream
+drafts again: each switch costs the card a catch-up that the rates above do not count."""
+ACCEPTANCE_HALF_LIFE = 256
+"""Every this many rounds the acceptance counts are halved, so that a long-lived policy follows
+the text it now drafts for (and, at K = 0, what a probe sees soon counts)."""
 
 
-class FixedK:
+PLAIN_BURST = 16
+"""Most rounds of the target alone the decoder runs between two choices of K."""
+
+
+class KPolicy:
+    """What the decoder asks of a K policy; measurements are ignored unless overridden."""
+
+    def choose(self, max_k: int) -> int:
+        raise NotImplementedError
+
+    def plain_rounds(self) -> int:
+        """How many next rounds are sure to be at K = 0 (the decoder runs them as one burst)."""
+        return 0
+
+    def observe(
+        self,
+        k: int,
+        accepted: int,
+        verify_s: float,
+        other_s: float,
+        next_k: int,
+        card_wait_s: float,
+    ) -> None:
+        """A round verified ``k`` drafted tokens and accepted ``accepted``; then the card took
+        ``card_wait_s`` to answer for the next ``next_k`` (0: not asked, or not a round's cost,
+        as when the card first had to catch up with rounds it was not asked in)."""
+
+    def observe_plain(self, rounds: int, verify_s: float, other_s: float) -> None:
+        """``rounds`` rounds at K = 0 (the target alone), with their mean times."""
+
+
+class FixedK(KPolicy):
     def __init__(self, k: int) -> None:
         self.k = k
 
     def choose(self, max_k: int) -> int:
         return min(self.k, max_k)
 
-    def observe(
-        self, k: int, accepted: int, card_wait_s: float, verify_s: float, other_s: float
-    ) -> None:
-        pass
+    def plain_rounds(self) -> int:
+        return 0 if self.k else PLAIN_BURST
 
 
-class AdaptiveK:
+class AdaptiveK(KPolicy):
     EXPLORE_EVERY = 8
-    HISTORY = 64
+    IDLE_PROBE_FIRST = 32
+    IDLE_PROBE_MAX = 1024
+    REPLAN_EVERY = 4
 
     def __init__(self, max_k: int = 8, initial: int | None = None) -> None:
         self.max_k = max_k
         # With nothing measured yet the prior (acceptance 0.8 everywhere) and unknown costs
         # favour the longest draft; measurements bring K down when the draft is poor.
         self.initial = max_k if initial is None else min(initial, max_k)
-        self.reached = np.zeros(max_k + 1)
-        self.accepted = np.zeros(max_k + 1)
-        self.verify: deque[tuple[int, float]] = deque()
-        self._sums = np.zeros(5)  # n, sum x, sum y, sum xx, sum xy over self.verify
+        self.reached = [0.0] * (max_k + 1)
+        self.accepted = [0.0] * (max_k + 1)
+        self._count = [0] * (max_k + 2)  # per n = tokens verified
+        self._mean = [0.0] * (max_k + 2)
+        self._round_mean = [0.0] * (max_k + 1)  # per K: verify + host time of its rounds
+        self._done_count = [0] * (max_k + 1)  # per K: rounds measured whole (card wait too)
+        self._done_tokens = [0.0] * (max_k + 1)  # their average tokens and seconds
+        self._done_seconds = [0.0] * (max_k + 1)
+        self._wait: tuple[int, float] | None = None  # the card wait of the next round's draft
+        self._done_at = [0] * (max_k + 1)  # per K: the round it was last measured whole
+        self._bias = 1.0  # measured / formula tokens per second, for the K not measured lately
+        self._last_k = -1
         self.draft_per_token = 0.0
         self.other = 0.0
         self.rounds = 0
+        self._best = -1
+        self._planned_at = 0
+        self._idle_rounds = 0
+        self._idle_probe_every = self.IDLE_PROBE_FIRST
 
     def observe(
-        self, k: int, accepted: int, card_wait_s: float, verify_s: float, other_s: float
+        self,
+        k: int,
+        accepted: int,
+        verify_s: float,
+        other_s: float,
+        next_k: int,
+        card_wait_s: float,
     ) -> None:
         self.rounds += 1
-        for j in range(1, k + 1):  # position j was reached if all before it were accepted
-            if j - 1 <= accepted:
-                self.reached[j] += 1
-                self.accepted[j] += j <= accepted
-        self._add(k + 1, verify_s, 1.0)
-        self.verify.append((k + 1, verify_s))
-        if len(self.verify) > self.HISTORY:
-            self._add(*self.verify.popleft(), -1.0)
+        for j in range(1, min(k, accepted + 1) + 1):  # reached: all before it were accepted
+            self.reached[j] += 1
+            self.accepted[j] += j <= accepted
+        if self.rounds % ACCEPTANCE_HALF_LIFE == 0:
+            self._halve_acceptance()
+        n = k + 1
+        self._count[n] += 1
+        weight = 1 / min(self._count[n], VERIFY_WINDOW)
+        self._mean[n] += (verify_s - self._mean[n]) * weight
+        self._round_mean[k] += (verify_s + other_s - self._round_mean[k]) * weight
+        if not k:
+            self._done(0, 1.0, verify_s + other_s)
+        elif self._wait is not None and self._wait[0] == k and self._last_k == k:
+            # a steady round: the card drafted ahead for this K (a first round at a new K
+            # finds no draft ahead of that length, which says nothing of staying at it)
+            self._done(k, accepted + 1.0, self._wait[1] + verify_s + other_s)
+        self._wait = (next_k, card_wait_s) if next_k else None
+        self._last_k = k
         alpha = 0.2
-        if k:
-            self.draft_per_token += alpha * (card_wait_s / k - self.draft_per_token)
+        if next_k:
+            self.draft_per_token += alpha * (card_wait_s / next_k - self.draft_per_token)
         self.other += alpha * (other_s - self.other)
 
-    def _add(self, x: float, y: float, sign: float) -> None:
-        self._sums += sign * np.array([1.0, x, y, x * x, x * y])
+    def _done(self, k: int, tokens: float, seconds: float, rounds: int = 1) -> None:
+        """A whole round at K (``rounds`` of them, averaged): what it yielded and cost."""
+        self._done_count[k] += rounds
+        self._done_at[k] = self.rounds
+        weight = min(1.0, rounds / min(self._done_count[k], VERIFY_WINDOW))
+        self._done_tokens[k] += (tokens - self._done_tokens[k]) * weight
+        self._done_seconds[k] += (seconds - self._done_seconds[k]) * weight
 
-    def _verify_time(self, n: np.ndarray) -> np.ndarray:
-        """Least-squares line through the recent (tokens verified, seconds) pairs."""
-        count, sx, sy, sxx, sxy = self._sums
-        if count < 2:
-            return n * 1.0
-        spread = count * sxx - sx * sx
-        if spread <= 1e-12:  # every round verified the same number of tokens
-            return np.full(len(n), sy / count)
-        slope = max((count * sxy - sx * sy) / spread, 0.0)
-        intercept = (sy - slope * sx) / count
-        return np.maximum(intercept + slope * n, 1e-9)
+    def _halve_acceptance(self) -> None:
+        self.reached = [r / 2 for r in self.reached]
+        self.accepted = [a / 2 for a in self.accepted]
+
+    def observe_plain(self, rounds: int, verify_s: float, other_s: float) -> None:
+        self._done(0, 1.0, verify_s + other_s, rounds)
+        self._wait, self._last_k = None, 0
+        if self.rounds // ACCEPTANCE_HALF_LIFE != (self.rounds + rounds) // ACCEPTANCE_HALF_LIFE:
+            self._halve_acceptance()
+        self.rounds += rounds
+        self._idle_rounds += rounds
+        self._count[1] += rounds
+        weight = min(1.0, rounds / min(self._count[1], VERIFY_WINDOW))
+        self._mean[1] += (verify_s - self._mean[1]) * weight
+        self._round_mean[0] += (verify_s + other_s - self._round_mean[0]) * weight
+        self.other += min(1.0, 0.2 * rounds) * (other_s - self.other)
+
+    def plain_rounds(self) -> int:
+        """Up to the next probe or replan."""
+        if self._best != 0:
+            return 0
+        replan = self.REPLAN_EVERY * 4 - (self.rounds - self._planned_at)
+        probe = self._idle_probe_every - self._idle_rounds - 1
+        return max(0, min(replan, probe, PLAIN_BURST))
+
+    def verify_times(self) -> list[float]:
+        """Seconds to verify n = 1 .. max_k + 1 tokens (index n - 1), as the docstring says."""
+        points = [
+            (n, self._mean[n]) for n, c in enumerate(self._count) if c >= MIN_SAMPLES and n
+        ] or [(n, self._mean[n]) for n, c in enumerate(self._count) if c and n]
+        if len(points) == 1:
+            slope, intercept = 0.0, points[0][1]
+        else:
+            mx = sum(n for n, _ in points) / len(points)
+            my = sum(y for _, y in points) / len(points)
+            spread = sum((n - mx) ** 2 for n, _ in points)
+            slope = max(0.0, sum((n - mx) * (y - my) for n, y in points) / spread)
+            intercept = my - slope * mx
+        measured = dict(points)
+        return [measured.get(n, max(intercept + slope * n, 1e-9)) for n in range(1, self.max_k + 2)]
+
+    def round_times(self) -> list[float]:
+        """c + v(K + 1) for K = 0 .. max_k: measured where rounds of that K were seen at least
+        twice (what the target and the host really spent on them), else from the model."""
+        verify = self.verify_times()
+        return [
+            self._round_mean[k] if self._count[k + 1] >= MIN_SAMPLES else self.other + verify[k]
+            for k in range(self.max_k + 1)
+        ]
+
+    def _measured_rate(self, k: int) -> float:
+        """Tokens per second that rounds at K really gave, once seen often enough and lately;
+        else 0."""
+        if self._done_count[k] < MEASURED_ROUNDS or self.rounds - self._done_at[k] > STALE_ROUNDS:
+            return 0.0
+        return self._done_tokens[k] / self._done_seconds[k]
+
+    def _plan(self) -> int:
+        """K* over 0..max_k, as the module docstring says."""
+        times = self.round_times()
+        best, best_rate = 0, self._measured_rate(0) or 1.0 / times[0]
+        if self._best == 0:  # leaving K = 0 costs the card a catch-up: it must pay clearly
+            best_rate *= 1 + SWITCH_MARGIN
+        model = [0.0]
+        expected, run = 1.0, 1.0
+        for k in range(1, self.max_k + 1):
+            run *= (self.accepted[k] + PRIOR * PRIOR_WEIGHT) / (self.reached[k] + PRIOR_WEIGHT)
+            expected += run
+            model.append(expected / (times[k] + self.draft_per_token * k))
+        measured = [self._measured_rate(k) for k in range(self.max_k + 1)]
+        known = max(range(1, self.max_k + 1), key=lambda k: (measured[k] > 0, self._done_count[k]))
+        if measured[known]:  # what the formula misses for drafting rounds, it misses for all
+            self._bias = measured[known] / model[known]
+        for k in range(1, self.max_k + 1):
+            rate = measured[k] or model[k] * self._bias
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
 
     def choose(self, max_k: int) -> int:
         max_k = min(max_k, self.max_k)
         if max_k <= 0:
             return 0
-        if self.rounds < 2:
+        if self.rounds < 2 or sum(self._count) < 2:  # no verify cost to weigh yet
             return min(self.initial, max_k)
-        a = (self.accepted[1:] + PRIOR * PRIOR_WEIGHT) / (self.reached[1:] + PRIOR_WEIGHT)
-        expected = 1 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])  # index = K
-        ks = np.arange(0, self.max_k + 1)
-        time = self.other + self.draft_per_token * ks + self._verify_time(ks + 1)
-        rate = expected / time
-        best = int(np.argmax(rate[1 : max_k + 1])) + 1
+        every = self.REPLAN_EVERY if self._best else self.REPLAN_EVERY * 4  # idle: calmer
+        if self._best < 0 or self.rounds - self._planned_at >= every:
+            self._best, self._planned_at = self._plan(), self.rounds
+        best = min(self._best, max_k)
+        if best == 0:
+            self._idle_rounds += 1
+            if self._idle_rounds < self._idle_probe_every:
+                return 0
+            self._idle_rounds = 0
+            self._idle_probe_every = min(2 * self._idle_probe_every, self.IDLE_PROBE_MAX)
+            return 1
+        self._idle_rounds, self._idle_probe_every = 0, self.IDLE_PROBE_FIRST
         phase = self.rounds % self.EXPLORE_EVERY
         if phase == 0:
-            best = min(best + 1, max_k)
-        elif phase == self.EXPLORE_EVERY // 2:
-            best = max(best - 1, 1)
+            return min(best + 1, max_k)
+        if phase == self.EXPLORE_EVERY // 2:  # K = 0 while the target alone is not known well
+            if self._done_count[0] < MEASURED_ROUNDS or (
+                self.rounds - self._done_at[0] > STALE_ROUNDS
+                and self._measured_rate(best) < CLEAR_WIN * self._measured_rate(0)
+            ):
+                self._done_count[0] = min(self._done_count[0], MEASURED_ROUNDS)  # weigh new more
+                return 0
+            return best - 1
         return best

@@ -23,6 +23,7 @@ from exstill_sdk.errors import (
     ContextFullError,
     DeviceLostError,
     InvalidArgumentError,
+    LinkTimeoutError,
     TargetOutputError,
     TokenizerMismatchError,
     UnknownModelError,
@@ -34,13 +35,17 @@ from exstill_sdk.spec.acceptance import (
     verify_with_distributions,
 )
 from exstill_sdk.spec.adapter import TargetAdapter
-from exstill_sdk.spec.adaptive import AdaptiveK, FixedK
+from exstill_sdk.spec.adaptive import AdaptiveK, FixedK, KPolicy
 from exstill_sdk.spec.metrics import SpecMetrics
 from exstill_sdk.spec.sampling import SamplingParams, target_probs
 
 FinishReason = Literal["stop", "length"]
 RECONNECT_ATTEMPTS = 3
 RECONNECT_PAUSE = 0.2
+SYNC_EVERY = 128
+"""While K = 0, the tokens the card has not seen go to it this many at a time, without waiting:
+the card takes them in on its own time, so that drafting again costs one short round."""
+_NO_DRAFT = Draft(())
 
 
 class _StreamLost(Exception):
@@ -64,13 +69,23 @@ class _Sequence:
     prompt: list[int]
     max_new_tokens: int
     stops: frozenset[int]
-    policy: AdaptiveK | FixedK
+    policy: KPolicy
     rng: np.random.Generator
     metrics: SpecMetrics
     tokens: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
     stream: DraftStream | None = None
     draft: Draft | None = None
+    card_behind: bool = False
+    """True after rounds without a card round (K = 0): the card has not been told the tokens
+    since its last draft; they go to it in the background (``sync_rid``) and the rest before
+    its next draft."""
+    sync_rid: int | None = None
+    """A PREFILL sent without waiting, whose reply is still to be read."""
+    finished: bool = False
+    previous_start: float = 0.0
+    last_card_wait: float = 0.0
+    asked_k: int = 0
     finish: FinishReason | None = None
     round_start: float = 0.0
     started: float = 0.0
@@ -111,6 +126,9 @@ class SpeculativeDecoder:
         if draft is not None:
             self._check_target(draft)
         self.metrics = SpecMetrics(max_k=self.max_k)
+        self._adaptive = AdaptiveK(self.max_k) if k == "adaptive" else None
+        """One adaptive policy for every sequence of this decoder: what a round costs is the
+        target's and the card's, not a sequence's, and it is learnt once."""
         self.reconnects = 0
         """Times the decoder re-established the card link and re-opened its streams."""
         self._next_index = 0
@@ -177,9 +195,7 @@ class SpeculativeDecoder:
         self._next_index += 1
         seed = self.sampling.seed
         rng = np.random.default_rng(None if seed is None else [seed, index])
-        policy: AdaptiveK | FixedK = (
-            AdaptiveK(self.max_k) if self.k == "adaptive" else FixedK(int(self.k))
-        )
+        policy = self._adaptive if self._adaptive is not None else FixedK(int(self.k))
         tokens = [int(t) for t in prompt]
         return _Sequence(
             index,
@@ -229,7 +245,16 @@ class SpeculativeDecoder:
                         self._recover(active)
                         continue
                     active.append(pending.popleft())
-                items = [(s.index, s.tokens, list(s.draft.tokens)) for s in active]  # type: ignore[union-attr]
+                if len(active) == 1 and not pending and active[0].draft is _NO_DRAFT:
+                    burst = active[0].policy.plain_rounds()
+                    if burst > 1:
+                        try:
+                            yield from self._plain_burst(active[0], burst)
+                        except _StreamLost:
+                            self._recover(active)
+                        active = [s for s in active if s.finish is None]
+                        continue
+                items = [(s.index, s.tokens, s.draft.tokens) for s in active]  # type: ignore[union-attr]
                 t0 = time.perf_counter()
                 all_logits = self.target.verify_batch(items)
                 verify_each = (time.perf_counter() - t0) / len(active)
@@ -257,7 +282,8 @@ class SpeculativeDecoder:
             limit = min(limit, s.stream.capacity - s.stream.length - 1)
         return max(0, limit)
 
-    def _start(self, s: _Sequence) -> None:
+    def _open(self, s: _Sequence) -> DraftStream:
+        """A card stream holding the sequence's context so far."""
         sp = self.sampling
         kw = dict(
             temperature=sp.temperature,
@@ -268,42 +294,56 @@ class SpeculativeDecoder:
             long_context=self.long_context,
             max_k=self.max_k,
         )
-        t0 = s.started = time.perf_counter()
         if self.draft_target is not None:
-            s.stream = self.card.open_stream(target=self.draft_target, **kw)  # type: ignore[arg-type]
+            stream = self.card.open_stream(target=self.draft_target, **kw)  # type: ignore[arg-type]
         else:
-            s.stream = self.card.open_stream(self.engine, **kw)  # type: ignore[arg-type]
-        s.stream.prefill(s.tokens)  # the prompt, or after a reconnect everything so far
+            stream = self.card.open_stream(self.engine, **kw)  # type: ignore[arg-type]
+        s.stream, s.card_behind, s.sync_rid = stream, False, None
+        stream.prefill(s.tokens)  # the prompt, or after a reconnect everything so far
+        return stream
+
+    def _start(self, s: _Sequence) -> None:
+        """The sequence's first draft. A sequence that starts at K = 0 takes no card stream
+        until drafting pays (CardFullError queues the others, as before)."""
+        t0 = s.started = s.started or time.perf_counter()
         k = s.policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
-        s.draft = s.stream.draft(k)
+        s.stream = None
+        if k:
+            s.draft = self._open(s).draft(k)
+        else:
+            s.draft, s.card_behind = _NO_DRAFT, True
         s.round_start = time.perf_counter()
         s.metrics.card_wait_s += s.round_start - t0
 
-    def _round(self, s: _Sequence, logits: np.ndarray, verify_s: float) -> list[int]:
-        assert s.draft is not None and s.stream is not None
-        draft = list(s.draft.tokens)
+    def _accept(self, s: _Sequence, draft: tuple[int, ...], logits: np.ndarray) -> tuple[int, int]:
+        """How many drafted tokens the target accepts, and the token it adds."""
         logits = np.asarray(logits)
         if logits.shape != (len(draft) + 1, self.target.vocab_size):
             raise TargetOutputError(
                 f"target returned logits of shape {logits.shape}; expected "
                 f"({len(draft) + 1}, {self.target.vocab_size})"
             )
+        if self.sampling.greedy:
+            return verify_greedy(draft, logits)  # checks the logits it decides by
         if not np.isfinite(logits).all():
             raise TargetOutputError("target returned NaN or infinite logits")
-        if self.sampling.greedy:
-            n, token = verify_greedy(draft, logits)
-        else:
-            p = target_probs(logits, self.sampling)
-            if s.draft.dists is not None:
-                n, token = verify_with_distributions(draft, s.draft.dists, p, s.rng)
-            else:
-                n, token = verify_tokens_only(draft, p, s.rng)
+        p = target_probs(logits, self.sampling)
+        if s.draft is not None and s.draft.dists is not None:
+            return verify_with_distributions(draft, s.draft.dists, p, s.rng)
+        return verify_tokens_only(draft, p, s.rng)
+
+    def _emit(
+        self, s: _Sequence, draft: tuple[int, ...], n: int, token: int, verify_s: float
+    ) -> list[int]:
+        """The round's tokens, cut at a stop token or the budget; the target and the
+        sequence move on by them."""
         emitted = [*draft[:n], token]
-        for j, t in enumerate(emitted):
-            if t in s.stops:
-                emitted, s.finish = emitted[: j + 1], "stop"
-                break
+        if s.stops and not s.stops.isdisjoint(emitted):
+            for j, t in enumerate(emitted):
+                if t in s.stops:
+                    emitted, s.finish = emitted[: j + 1], "stop"
+                    break
         room = s.max_new_tokens - len(s.generated)
         if len(emitted) >= room and s.finish is None:
             emitted, s.finish = emitted[:room], "length"
@@ -312,26 +352,99 @@ class SpeculativeDecoder:
         s.generated += emitted
         s.metrics.record_round(len(draft), n, len(emitted))
         s.metrics.verify_s += verify_s
+        return emitted
+
+    def _round(self, s: _Sequence, logits: np.ndarray, verify_s: float) -> list[int]:
+        assert s.draft is not None
+        draft = s.draft.tokens
+        n, token = self._accept(s, draft, logits)
+        emitted = self._emit(s, draft, n, token, verify_s)
         if s.finish is not None:
             self._finish(s)
             return emitted
+        self._advance(s, emitted, n, token)
+        if s.metrics.rounds > 1:  # the first verify also processed the whole prompt
+            card_wait = s.last_card_wait
+            other = max(0.0, s.round_start - s.previous_start - card_wait - verify_s)
+            s.policy.observe(len(draft), n, verify_s, other, s.asked_k, card_wait)
+        return emitted
+
+    def _plain_burst(self, s: _Sequence, rounds: int) -> Iterator[tuple[_Sequence, list[int]]]:
+        """Rounds of the target alone (K = 0) for a lone sequence, as many as the policy is
+        sure to choose: the same acceptance and bookkeeping as ``_round``, without a choice,
+        a clock reading or a batch built per round. On a target whose step costs a few hundred
+        microseconds that per-round machinery would be a visible share of a plain step."""
+        target = self.target
+        verify_s, done, token = 0.0, 0, 0
+        started = time.perf_counter()
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            logits = target.verify(s.index, s.tokens, ())
+            seconds = time.perf_counter() - t0
+            verify_s += seconds
+            _, token = self._accept(s, (), logits)
+            emitted = self._emit(s, (), 0, token, seconds)
+            if done:  # the first round's K was chosen (and counted) before the burst
+                s.metrics.k_chosen[0] += 1
+            done += 1
+            yield s, emitted
+            if s.finish is not None:
+                self._finish(s)
+                return
+        other = max(0.0, time.perf_counter() - started - verify_s) / done
+        s.policy.observe_plain(done, verify_s / done, other)
+        self._advance(s, [token], 0, token)
+
+    def _advance(self, s: _Sequence, emitted: list[int], n: int, token: int) -> None:
+        """Choose the next K and get the next draft (or none, at K = 0)."""
         k = s.policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
         t0 = time.perf_counter()
+        caught_up = s.card_behind or s.stream is None
         try:
-            s.draft = s.stream.commit(n, token, k)
+            s.draft = self._next_draft(s, n, token, k)
         except DeviceLostError:
             s.draft = None
             raise _StreamLost(emitted) from None
         now = time.perf_counter()
-        card_wait = now - t0
-        s.metrics.card_wait_s += card_wait
+        s.last_card_wait = now - t0
+        s.asked_k = 0 if caught_up else k
+        s.metrics.card_wait_s += s.last_card_wait
         s.metrics.prefetch_hits += s.draft.prefetch_hit
-        if s.metrics.rounds > 1:  # the first verify also processed the whole prompt
-            other = max(0.0, now - s.round_start - card_wait - verify_s)
-            s.policy.observe(len(draft), n, card_wait, verify_s, other)
-        s.round_start = now
-        return emitted
+        s.previous_start, s.round_start = s.round_start, now
+
+    def _next_draft(self, s: _Sequence, accepted: int, token: int, k: int) -> Draft:
+        """The draft for the next round. K = 0 is a round of the target alone: no card round
+        at all; the card catches up with one PREFILL when drafting pays again."""
+        stream = s.stream
+        if stream is None:  # the sequence started at K = 0: open a stream now
+            if not k:
+                return _NO_DRAFT
+            try:
+                return self._open(s).draft(k)
+            except CardFullError:  # no free stream: the target goes on alone
+                s.stream = None
+                return _NO_DRAFT
+        if not k:
+            s.card_behind = True
+            if len(s.tokens) - stream.length >= SYNC_EVERY + (s.sync_rid is not None) * SYNC_EVERY:
+                self._settle_sync(s)
+                s.sync_rid = stream.send_prefill(s.tokens[stream.length :])
+            return _NO_DRAFT
+        if not s.card_behind:
+            return stream.commit(accepted, token, k)  # the one round trip of a round
+        self._settle_sync(s)
+        if len(s.tokens) > stream.length:
+            stream.prefill(s.tokens[stream.length :])
+        s.card_behind = False
+        return stream.draft(k)
+
+    @staticmethod
+    def _settle_sync(s: _Sequence) -> None:
+        """Read the reply of the background PREFILL, if one is out."""
+        if s.sync_rid is not None and s.stream is not None:
+            rid, s.sync_rid = s.sync_rid, None
+            s.stream.receive_prefill(rid)
 
     def _recover(self, active: list[_Sequence]) -> None:
         """The card reset or the link dropped: reconnect, then give every running sequence a
@@ -351,14 +464,19 @@ class SpeculativeDecoder:
                 time.sleep(RECONNECT_PAUSE * (attempt + 1))
 
     def _finish(self, s: _Sequence) -> None:
-        if s.stream is not None:
-            try:
+        if s.finished:
+            return
+        s.finished = True
+        try:
+            if s.stream is not None:
+                self._settle_sync(s)
                 s.stream.close()
-            finally:
-                s.stream = None
-                self.target.release(s.index)
-                s.metrics.total_s = time.perf_counter() - s.started
-                per_sequence_total = s.metrics.total_s
-                s.metrics.total_s = 0.0  # the decoder counts its own wall time
-                self.metrics.merge(s.metrics)
-                s.metrics.total_s = per_sequence_total
+        except (DeviceLostError, LinkTimeoutError):
+            pass  # every token is already verified; a card frees a lost link's streams
+        finally:
+            s.stream = None
+            self.target.release(s.index)
+            per_sequence_total = time.perf_counter() - s.started if s.started else 0.0
+            s.metrics.total_s = 0.0  # the decoder counts its own wall time
+            self.metrics.merge(s.metrics)
+            s.metrics.total_s = per_sequence_total

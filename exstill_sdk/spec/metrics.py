@@ -4,6 +4,8 @@
 - ``num_draft_tokens``: tokens drafted in them;
 - ``num_accepted_tokens``: drafted tokens the target accepted;
 - ``num_accepted_tokens_per_pos[i]``: rounds whose draft was accepted at position i (0-based);
+- ``num_drafts_per_pos[i]``: rounds whose draft had a token at position i (with adaptive K not
+  every draft reaches every position, so acceptance at i is accepted[i] / drafts[i]);
 - ``mean_acceptance_length`` = 1 + accepted / drafts: tokens emitted per target pass.
 
 Plus where the time went (waiting on the card, verifying in the target, everything else on the
@@ -24,6 +26,7 @@ class SpecMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_drafts_per_pos: list[int] = field(default_factory=list)
     rounds: int = 0
     emitted_tokens: int = 0
     prefetch_hits: int = 0
@@ -35,6 +38,8 @@ class SpecMetrics:
     def __post_init__(self) -> None:
         if not self.num_accepted_tokens_per_pos:
             self.num_accepted_tokens_per_pos = [0] * self.max_k
+        if not self.num_drafts_per_pos:
+            self.num_drafts_per_pos = [0] * self.max_k
 
     def record_round(self, k: int, accepted: int, emitted: int) -> None:
         self.rounds += 1
@@ -45,10 +50,28 @@ class SpecMetrics:
             self.num_accepted_tokens += accepted
             for i in range(accepted):
                 self.num_accepted_tokens_per_pos[i] += 1
+            for i in range(k):
+                self.num_drafts_per_pos[i] += 1
 
     @property
     def mean_acceptance_length(self) -> float:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """The fraction of drafts reaching position i whose token i was accepted (that is,
+        with every token before it): 0 where no draft reached i."""
+        return [
+            a / d if d else 0.0
+            for a, d in zip(self.num_accepted_tokens_per_pos, self.num_drafts_per_pos, strict=True)
+        ]
+
+    def mean_acceptance_length_at(self, k: int) -> float | None:
+        """The mean acceptance length a fixed-K run would show, from the acceptance measured
+        at positions 0..k-1; None when some of them were never drafted."""
+        if any(not d for d in self.num_drafts_per_pos[:k]) or k > len(self.num_drafts_per_pos):
+            return None
+        return 1 + sum(self.acceptance_per_position[:k])
 
     @property
     def acceptance_rate(self) -> float:
@@ -73,16 +96,20 @@ class SpecMetrics:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for i, v in enumerate(other.num_accepted_tokens_per_pos):
             self.num_accepted_tokens_per_pos[i] += v
+        for i, v in enumerate(other.num_drafts_per_pos):
+            self.num_drafts_per_pos[i] += v
         self.k_chosen.update(other.k_chosen)
 
     def to_dict(self) -> dict[str, Any]:
         per_pos = self.num_accepted_tokens_per_pos
         last = max((i + 1 for i, v in enumerate(per_pos) if v), default=0)
+        drafted = max((i + 1 for i, v in enumerate(self.num_drafts_per_pos) if v), default=0)
         return {
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_accepted_tokens_per_pos": per_pos[:last],
+            "num_drafts_per_pos": self.num_drafts_per_pos[:drafted],
             "mean_acceptance_length": round(self.mean_acceptance_length, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "rounds": self.rounds,

@@ -75,11 +75,12 @@ def test_engine_bench_json() -> None:
     assert result["us_per_token_1_stream"] > 0 and result["us_per_token_12_streams"] > 0
 
 
-def test_e2e_bench_json_every_run_is_exact(tmp_path) -> None:
+def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
     out = subprocess.run(
         [
             *(script("exstill-bench"), "e2e", "--prompts", "2", "--new-tokens", "12"),
             *("--max-k", "3", "--users", "1,3", "--json", "--plot", str(tmp_path)),
+            *("--sizes", "small,384", "--size-runs", "1"),
         ],
         capture_output=True,
         text=True,
@@ -96,8 +97,16 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path) -> None:
     lengths = [onnx["fixed_k"][k]["mean_acceptance_length"] for k in ("1", "2", "3")]
     assert lengths[0] <= 2.0 and lengths[-1] >= lengths[0]
     assert onnx["best_fixed_k"] in (1, 2, 3)
+    rows = result["sizes"]["rows"]
+    assert [r["size"] for r in rows] == ["small", "384"] and all(r["identical"] for r in rows)
+    assert rows[0]["parameters"] < 5e6 < rows[1]["parameters"]
+    for row in rows:
+        assert row["verify_cost_steps"]["1"] == 1.0 and row["limit"] >= 1.0
+        assert abs(row["efficiency"] - row["speedup"]["median"] / row["limit"]) < 0.01
+    assert (demo_cache / "exstill").is_dir()  # built into the cache, not into the package
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "e2e_acceptance_by_k.png",
+        "e2e_speedup_by_size.png",
         "e2e_tokens_per_s.png",
         "e2e_users.png",
     ]

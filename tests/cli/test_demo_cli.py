@@ -1,11 +1,13 @@
-"""`exstill demo`: the shipped demo pair, speculative against the target alone, on the built-in
-emulator and on a card across TCP."""
+"""`exstill demo`: the shipped demo pair, speculative against the target alone, with the card
+in a process of its own and on a card across TCP."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
+from exstill_sdk.cli.main import SEPARATOR
 from exstill_sdk.demo import DEFAULT_PROMPT, demo_dir, demo_tokenizer
 
 from .helpers import script, start_emu
@@ -17,42 +19,76 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_demo_on_the_builtin_emulator_matches_the_target_alone() -> None:
-    out = demo("--max-new-tokens", "48", "--json")
+def test_the_large_target_by_default_with_what_bounds_the_figure(demo_cache: Path) -> None:
+    out = demo("--max-new-tokens", "48", "--runs", "1", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["identical"] is True and result["new_tokens"] == 48
+    target = result["target"]
+    assert target["name"] == "large" and target["image"] == "demo-target-large"
+    assert target["parameters"] >= 100_000_000 and target["weight_bytes"] >= 400_000_000
+    assert "bound by memory" in target["what"]
+    assert result["placement"].startswith("emulated card in its own process")
     tokenizer = demo_tokenizer()
     prompt_ids = tokenizer.encode(DEFAULT_PROMPT).ids
     assert tokenizer.encode(DEFAULT_PROMPT + result["text"]).ids[: len(prompt_ids)] == prompt_ids
-    assert len(result["acceptance_per_position"]) == 8
-    assert result["acceptance_per_position"] == sorted(result["acceptance_per_position"])[::-1]
+    steps = result["verify_cost_steps"]
+    assert steps["1"] == 1.0 and set(steps) == {str(n) for n in range(1, 10)}
+    assert result["limit"] >= 1.0 and 0 <= result["limit_k"] <= 8
+    assert abs(result["efficiency"] - result["speedup"]["median"] / result["limit"]) < 0.01
+    speedup = result["speedup"]
+    assert speedup["min"] <= speedup["median"] <= speedup["max"]
     assert result["mean_acceptance_length"] > 1.5  # the draft was distilled from this target
     assert sum(result["k_chosen"].values()) == result["rounds"]
+    assert abs(sum(result["time_share"].values()) - 1) < 0.01
 
 
-def test_demo_streams_text_then_figures() -> None:
-    out = demo("--max-new-tokens", "24", "--k", "4", "--prompt", "import os\n")
+def test_text_mode_shows_prompt_separator_continuation_then_figures() -> None:
+    out = demo("--target", "small", "--max-new-tokens", "24", "--k", "4", "--prompt", "import os")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("import os\n")
-    assert "identical output: yes (24 tokens)" in out.stdout
+    assert out.stdout.startswith("import os" + SEPARATOR)
+    assert "identical output: yes (24 tokens, every run)" in out.stdout
+    for label in ("speed-up", "verify cost", "pair's limit", "efficiency", "target alone"):
+        assert f"\n{label}" in out.stdout, label
     chosen = out.stdout.splitlines()[-1]  # the last round may be shortened by the budget
     assert chosen.startswith("K chosen") and "K=4:" in chosen and "K=5" not in chosen
+
+
+def test_k_zero_is_the_target_alone_through_the_same_loop() -> None:
+    out = demo("--target", "small", "--max-new-tokens", "32", "--k", "0", "--runs", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["identical"] is True and result["k_chosen"] == {"0": 32}
+    assert result["mean_acceptance_length"] == 1.0 and result["time_share"]["card_wait"] < 0.01
+
+
+def test_mistyped_arguments_get_one_line_from_argparse() -> None:
+    for args, words in (
+        (("--k", "abc"), "must be 0..8 or 'adaptive', not 'abc'"),
+        (("--k", "9"), "must be 0..8 or 'adaptive', not 9"),
+        (("--max-new-tokens", "0"), "must be a positive integer"),
+        (("--target", "huge"), "invalid choice"),
+    ):
+        out = demo(*args)
+        assert out.returncode == 2 and words in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr
 
 
 def test_demo_against_a_card_over_tcp() -> None:
     proc, url = start_emu("--context", "2048")  # no demo draft on this card
     try:
-        out = demo("--url", url, "--max-new-tokens", "8")
+        out = demo("--target", "small", "--url", url, "--max-new-tokens", "8")
         assert out.returncode == 2 and "exstill-flash" in out.stderr
+        assert out.stdout == ""  # the card is asked first: no prompt printed before failing
     finally:
         proc.terminate()
         proc.wait(10)
     proc, url = start_emu("--context", "2048", "--image", str(demo_dir() / "draft.img"))
     try:
-        out = demo("--url", url, "--max-new-tokens", "32", "--json")
+        out = demo("--target", "small", "--url", url, "--max-new-tokens", "32", "--json")
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["identical"] is True
+        result = json.loads(out.stdout)
+        assert result["identical"] is True and result["placement"] == f"card at {url}"
     finally:
         proc.terminate()
         proc.wait(10)

@@ -1,0 +1,199 @@
+"""Speculative against plain decoding of one target, timed like a card and read against what
+the pair allows on this machine.
+
+- Both paths are warmed first; then plain and speculative runs alternate (which goes first
+  alternates too), and each figure is the median of the runs with their range. The speed-up is
+  the median of the per-pair ratios.
+- ``verify_curve``: what the target takes to score n tokens against one plain step; the pair's
+  *limit* is the best over K of (mean acceptance length at K) / (cost of scoring K+1 tokens in
+  plain steps): the speed-up a free draft with the measured acceptance would give. Efficiency
+  is the measured speed-up over that limit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exstill_sdk.bench.timing import timed
+from exstill_sdk.spec.metrics import SpecMetrics
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+    def to_dict(self, digits: int = 2) -> dict[str, float]:
+        return {
+            "median": round(self.median, digits),
+            "min": round(self.low, digits),
+            "max": round(self.high, digits),
+        }
+
+
+def verify_curve(
+    target: Any, context: list[int], sizes: range, repeats: int = 5
+) -> dict[str, float]:
+    """Microseconds the target takes to score n tokens after ``context`` (the median of
+    ``repeats``, taken in turns over the sizes so that a slow moment of the machine does not
+    fall on one size): what a round of K drafted tokens costs the target (n = K + 1) against
+    one plain step (n = 1). Speculation pays when this grows slowly with n."""
+    target.verify(-1, context, [])
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            s, _ = timed(target.verify, -1, context, context[-n:-1] if n > 1 else [])
+            target.rollback(-1, len(context) - 1)
+            samples[n].append(s)
+    target.release(-1)
+    return {str(n): round(statistics.median(v) * 1e6, 1) for n, v in samples.items()}
+
+
+def pair_limit(metrics: SpecMetrics, verify_us: dict[str, float]) -> tuple[float, int]:
+    """(the best speed-up a free draft could give, the K that gives it): the best over K of
+    the mean acceptance length at K over the cost of verifying K+1 tokens in plain steps."""
+    step = verify_us["1"]
+    best, best_k = 1.0, 0
+    for k in range(1, metrics.max_k + 1):
+        length = metrics.mean_acceptance_length_at(k)
+        if length is None or str(k + 1) not in verify_us:
+            break
+        ratio = length / (verify_us[str(k + 1)] / step)
+        if ratio > best:
+            best, best_k = ratio, k
+    return best, best_k
+
+
+@dataclass
+class SpeedupRun:
+    tokens: list[int]
+    runs: int
+    plain_tokens_per_s: Spread
+    spec_tokens_per_s: Spread
+    speedup: Spread
+    identical: bool
+    metrics: SpecMetrics
+    verify_us: dict[str, float]
+    limit: float
+    limit_k: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.speedup.median / self.limit
+
+    @property
+    def time_share(self) -> dict[str, float]:
+        """Where the speculative runs' time went: the target verifying, waiting for the card,
+        and the host's own work."""
+        m = self.metrics
+        total = m.card_wait_s + m.verify_s + m.host_s or 1.0
+        return {
+            "verify": round(m.verify_s / total, 3),
+            "card_wait": round(m.card_wait_s / total, 3),
+            "host": round(m.host_s / total, 3),
+        }
+
+    @property
+    def verify_steps(self) -> dict[str, float]:
+        return {n: round(us / self.verify_us["1"], 3) for n, us in self.verify_us.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.metrics
+        return {
+            "new_tokens": len(self.tokens),
+            "runs": self.runs,
+            "plain_tokens_per_s": self.plain_tokens_per_s.to_dict(1),
+            "spec_tokens_per_s": self.spec_tokens_per_s.to_dict(1),
+            "speedup": self.speedup.to_dict(),
+            "identical": self.identical,
+            "mean_acceptance_length": round(m.mean_acceptance_length, 3),
+            "acceptance_per_position": [round(a, 3) for a in m.acceptance_per_position],
+            "prefetch_hits": m.prefetch_hits,
+            "rounds": m.rounds,
+            "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
+            "time_share": self.time_share,
+            "verify_us": self.verify_us,
+            "verify_cost_steps": self.verify_steps,
+            "limit": round(self.limit, 2),
+            "limit_k": self.limit_k,
+            "efficiency": round(self.efficiency, 3),
+        }
+
+
+def measure_speedup(
+    target: Any,
+    decoder: Any,
+    prompt: list[int],
+    new_tokens: int,
+    *,
+    runs: int = 3,
+    on_token: Callable[[list[int]], None] | None = None,
+) -> SpeedupRun:
+    """Plain greedy decoding (``target.greedy``) against ``decoder``'s speculative decoding of
+    ``new_tokens`` after ``prompt``, ``runs`` of each, alternating.
+
+    A first speculative run warms the whole path (and, with ``on_token``, shows its tokens as
+    the target accepts them); it is not timed. The decoder is one object throughout, as in a
+    server: what its adaptive K learns of the target's and the card's costs carries over."""
+    warm = [*prompt, *target.greedy(prompt, 8)]
+    verify_curve(target, warm, range(1, decoder.max_k + 2), repeats=1)  # every shape once
+    shown: list[int] = []
+    for token in decoder.stream(prompt, new_tokens, stop_token_ids=[]):
+        shown.append(token)
+        if on_token is not None:
+            on_token(shown)
+    plain_s: list[float] = []
+    spec_s: list[float] = []
+    metrics: SpecMetrics | None = None
+    identical = True
+    reference: list[int] = []
+
+    def plain() -> None:
+        nonlocal identical, reference
+        s, out = timed(target.greedy, prompt, new_tokens)
+        plain_s.append(s)
+        reference = reference or out
+        identical &= out == reference
+
+    def speculative() -> None:
+        nonlocal metrics
+        s, result = timed(decoder.generate, prompt, new_tokens, stop_token_ids=[])
+        spec_s.append(s)
+        spec_out.append(result.tokens)
+        if metrics is None:
+            metrics = result.metrics
+        else:
+            metrics.merge(result.metrics)
+
+    spec_out: list[list[int]] = []
+    for i in range(runs):
+        order: list[Callable[[], None]] = (
+            [plain, speculative] if i % 2 == 0 else [speculative, plain]
+        )
+        for run in order:
+            run()
+    identical &= all(out == reference for out in [*spec_out, shown])
+    assert metrics is not None
+    context = [*prompt, *reference[: new_tokens // 2]]
+    verify_us = verify_curve(target, context, range(1, metrics.max_k + 2))
+    limit, limit_k = pair_limit(metrics, verify_us)
+    return SpeedupRun(
+        tokens=shown,
+        runs=runs,
+        plain_tokens_per_s=Spread.of([new_tokens / s for s in plain_s]),
+        spec_tokens_per_s=Spread.of([new_tokens / s for s in spec_s]),
+        speedup=Spread.of([p / s for p, s in zip(plain_s, spec_s, strict=True)]),
+        identical=identical,
+        metrics=metrics,
+        verify_us=verify_us,
+        limit=limit,
+        limit_k=limit_k,
+    )

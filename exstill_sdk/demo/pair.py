@@ -1,0 +1,47 @@
+"""The demo pair shipped with the SDK (exstill_sdk/data/demo, made by tools/train_demo_pair.py):
+a small target LLM trained on Python source and a draft distilled from it, as card images, with
+the target's tokenizer."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from exstill_sdk.errors import ExstillError
+
+DRAFT_TARGET = "demo-draft"
+POSITIONS = 2048
+THREADS = 1
+"""Compute threads of the demo target and of the emulated card: one core each, as a card brings
+its own silicon; the target alone gets the same one core, so the comparison is like for like."""
+
+
+def demo_dir() -> Path:
+    path = Path(str(resources.files("exstill_sdk") / "data" / "demo"))
+    if not (path / "target.img").exists():
+        raise ExstillError(
+            f"the demo pair is missing from {path}; reinstall exstill-sdk, or make it with "
+            "python tools/train_demo_pair.py"
+        )
+    return path
+
+
+def demo_tokenizer() -> Any:
+    """The demo target's tokenizer (a ``tokenizers.Tokenizer``)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(demo_dir() / "tokenizer.json"))
+
+
+def emulator_url() -> str:
+    """The built-in (in-process) emulator with the demo draft loaded."""
+    return f"emu://?context={POSITIONS}&threads={THREADS}&image={demo_dir() / 'draft.img'}"
+
+
+def emulator_args() -> list[str]:
+    """exstill-emu's arguments for a card with the demo draft (see bench.card_process)."""
+    return [
+        "--context", str(POSITIONS), "--threads", str(THREADS),
+        "--image", str(demo_dir() / "draft.img"),
+    ]  # fmt: skip

@@ -1,0 +1,132 @@
+"""``run_demo``: the demo target on this CPU (onnxruntime, one core), its draft on a card (an
+emulated card in its own process on another core unless a URL is given), speculative decoding
+timed against the target alone, and what bounds the result on this machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.bench.speedup import SpeedupRun, measure_speedup
+from exstill_sdk.demo.pair import (
+    DRAFT_TARGET,
+    POSITIONS,
+    THREADS,
+    demo_dir,
+    demo_tokenizer,
+    emulator_args,
+)
+from exstill_sdk.demo.targets import DemoTarget, demo_target
+from exstill_sdk.errors import ExstillError, UnknownModelError
+
+DEFAULT_PROMPT = 'def read_config(path):\n    """Read a configuration file and return a dict."""\n'
+MAX_K = 8
+DEFAULT_RUNS = {"large": 3, "small": 11}
+
+
+@dataclass
+class DemoResult:
+    prompt: str
+    text: str
+    target: DemoTarget
+    card: str
+    placement: str
+    run: SpeedupRun
+
+    @property
+    def identical(self) -> bool:
+        return self.run.identical
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "text": self.text,
+            "target": {
+                "name": self.target.name,
+                "image": self.target.image.target,
+                "parameters": self.target.parameters,
+                "weight_bytes": self.target.image.data_size,
+                "what": self.target.description,
+            },
+            "card": self.card,
+            "placement": self.placement,
+            **self.run.to_dict(),
+        }
+
+
+def run_demo(
+    prompt: str = DEFAULT_PROMPT,
+    *,
+    url: str | None = None,
+    target: str = "large",
+    max_new_tokens: int = 200,
+    k: int | Literal["adaptive"] = "adaptive",
+    runs: int | None = None,
+    on_text: Callable[[str], None] | None = None,
+    progress: bool = False,
+) -> DemoResult:
+    """Generate ``max_new_tokens`` greedily with the target alone and speculatively, ``runs``
+    times each, alternating (default: 3 for the large target, 11 for the small one, whose runs
+    last a tenth of a second each, too short for three to give a steady median on a shared
+    machine). ``on_text`` receives the continuation as the target accepts it, in a first
+    (untimed) speculative run."""
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.card import open_card
+    from exstill_sdk.spec import SpeculativeDecoder
+
+    tokenizer = demo_tokenizer()
+    prompt_ids = tokenizer.encode(prompt).ids
+    if not prompt_ids:
+        raise ExstillError("the prompt is empty")
+    runs = runs if runs is not None else DEFAULT_RUNS.get(target, 3)
+    if runs < 1:
+        raise ExstillError("runs must be at least 1")
+    budget = min(max_new_tokens, POSITIONS - len(prompt_ids) - MAX_K - 2)
+    if budget < 1:
+        raise ExstillError(f"the prompt leaves no room in the demo's {POSITIONS} positions")
+    host_cpu, card_cpu = split_cores()
+    with ExitStack() as stack:
+        if url is not None:  # the user's card first: a wrong URL fails before any work
+            card = stack.enter_context(open_card(url))
+            placement = "card at " + url
+            chosen = demo_target(target, progress=progress)
+        else:
+            chosen = demo_target(target, progress=progress)
+            card_url = stack.enter_context(emulator_process(*emulator_args(), cpu=card_cpu))
+            card = stack.enter_context(open_card(card_url))
+            placement = "emulated card in its own process" + (
+                f" on cpu {card_cpu}, target on cpu {host_cpu}" if card_cpu is not None else ""
+            )
+        if DRAFT_TARGET not in {t.name for t in card.info().targets}:
+            raise UnknownModelError(
+                f"the card at {url} has no {DRAFT_TARGET!r} image; flash it with: "
+                f"exstill-flash {demo_dir() / 'draft.img'} --url {url}"
+            )
+        stack.enter_context(pinned(host_cpu))
+        model = OnnxTarget(chosen.image, max_sequences=1, positions=POSITIONS, threads=THREADS)
+
+        decoder = SpeculativeDecoder(card, model, draft=DRAFT_TARGET, k=k, max_k=MAX_K)
+
+        shown = ""
+
+        def show(tokens: list[int]) -> None:
+            nonlocal shown
+            if on_text is None:
+                return
+            text = tokenizer.decode(tokens)
+            if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
+                on_text(text[len(shown) :])
+                shown = text
+
+        run = measure_speedup(model, decoder, prompt_ids, budget, runs=runs, on_token=show)
+    return DemoResult(
+        prompt=prompt,
+        text=tokenizer.decode(run.tokens),
+        target=chosen,
+        card=url or "emulator",
+        placement=placement,
+        run=run,
+    )

@@ -1,0 +1,159 @@
+"""Adaptive K down to K = 0: the policy against simulated costs, and the decoder's rounds of the
+target alone (no card round, the card brought up to date when drafting resumes) against a real
+card runtime and a real ONNX target."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from exstill_sdk import open_card
+from exstill_sdk.adapters.onnx import OnnxTarget
+from exstill_sdk.demo import DRAFT_TARGET, demo_dir, demo_tokenizer, emulator_url
+from exstill_sdk.spec import AdaptiveK, KPolicy, SpeculativeDecoder
+
+
+def simulate(
+    policy: AdaptiveK,
+    rounds: int,
+    *,
+    acceptance: float,
+    step_ms: float,
+    per_token_ms: float,
+    card_ms_per_token: float,
+    seed: int = 0,
+) -> list[int]:
+    """The K chosen over ``rounds`` rounds of a target whose verify of n tokens costs
+    step_ms + per_token_ms * (n - 1), with a card drafting at card_ms_per_token, each drafted
+    position accepted with probability ``acceptance`` given the ones before it."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    k = policy.choose(8)
+    for _ in range(rounds):
+        chosen.append(k)
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        verify = (step_ms + per_token_ms * k) * 1e-3 * rng.uniform(0.95, 1.05)
+        next_k = policy.choose(8)
+        wait = card_ms_per_token * next_k * 1e-3
+        policy.observe(k, accepted, verify, 20e-6, next_k, wait)
+        k = next_k
+    return chosen
+
+
+def test_k_zero_when_drafting_does_not_pay_and_probes_thin_out() -> None:
+    # a target that fits in cache: each extra token costs 60% of a step; a slow card
+    policy = AdaptiveK(8)
+    chosen = simulate(
+        policy, 600, acceptance=0.6, step_ms=0.5, per_token_ms=0.3, card_ms_per_token=0.15
+    )
+    late = chosen[100:]
+    assert Counter(late)[0] > 0.97 * len(late)
+    probes = [i for i, k in enumerate(chosen) if k and i > 60]
+    gaps = np.diff(probes)
+    assert len(probes) >= 2 and (gaps[1:] >= gaps[:-1]).all()  # probing backs off
+
+
+def test_long_drafts_when_verification_is_cheap() -> None:
+    # a target bound by memory: 9 tokens cost 1.6 steps; a card of 0.1 ms per token
+    policy = AdaptiveK(8)
+    chosen = simulate(
+        policy, 400, acceptance=0.92, step_ms=21.0, per_token_ms=1.6, card_ms_per_token=0.1
+    )
+    assert np.mean(chosen[100:]) >= 5 and 0 not in chosen[100:]
+
+
+def test_drafting_resumes_when_it_pays_again() -> None:
+    # the same costs throughout; the text turns from hard to draft to easy
+    costs = dict(step_ms=0.5, per_token_ms=0.1, card_ms_per_token=0.05)
+    policy = AdaptiveK(8)
+    simulate(policy, 400, acceptance=0.3, **costs)
+    assert policy.choose(8) == 0
+    chosen = simulate(policy, 3000, acceptance=0.97, **costs)
+    assert np.mean(chosen[-200:]) >= 4
+
+
+def test_bursts_of_plain_rounds_stop_for_the_next_probe() -> None:
+    policy = AdaptiveK(8)
+    simulate(policy, 300, acceptance=0.3, step_ms=0.5, per_token_ms=0.3, card_ms_per_token=0.15)
+    burst = policy.plain_rounds()
+    assert 0 < burst <= 16
+    policy.observe_plain(burst, 0.5e-3, 20e-6)
+    seen = [policy.choose(8) for _ in range(2000)]
+    assert 1 in seen  # the probe still comes
+
+
+class ScriptedK(KPolicy):
+    """Drives the real decoder through a fixed schedule of K (a test's schedule, not a
+    stand-in for anything a user runs)."""
+
+    def __init__(self, schedule: list[int]) -> None:
+        self.schedule = schedule
+        self.at = 0
+
+    def choose(self, max_k: int) -> int:
+        k = self.schedule[min(self.at, len(self.schedule) - 1)]
+        self.at += 1
+        return min(k, max_k)
+
+    # plain_rounds() stays 0: every round goes through choose(), so the schedule is followed
+
+
+@pytest.fixture(scope="module")
+def small() -> OnnxTarget:
+    return OnnxTarget(demo_dir() / "target.img", positions=2048, threads=1)
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    return demo_tokenizer().encode("def read_config(path):\n").ids
+
+
+def test_k_zero_rounds_never_ask_the_card(small: OnnxTarget, prompt: list[int]) -> None:
+    reference = small.greedy(prompt, 150)
+    with open_card(emulator_url()) as card:
+        decoder = SpeculativeDecoder(card, small, draft=DRAFT_TARGET, k=0)
+        result = decoder.generate(prompt, 150, stop_token_ids=[])
+        stats = card.stats()
+    assert result.tokens == reference
+    assert stats["streams_opened"] == 0 and stats["draft_tokens"] == 0
+    assert result.metrics.k_chosen == {0: 150} and result.metrics.rounds == 150
+
+
+def test_switching_between_k_zero_and_drafting_stays_exact(
+    small: OnnxTarget, prompt: list[int]
+) -> None:
+    # starts without a stream, opens one to draft, goes quiet long enough for the card to be
+    # fed in the background, then drafts again after a catch-up
+    schedule = [0] * 5 + [4] * 6 + [0] * 300 + [3] * 8 + [0] * 20 + [5] * 50
+    reference = small.greedy(prompt, 400)
+    with open_card(emulator_url()) as card:
+        decoder = SpeculativeDecoder(card, small, draft=DRAFT_TARGET, k="adaptive")
+        decoder._adaptive = ScriptedK(schedule)  # type: ignore[assignment]
+        result = decoder.generate(prompt, 400, stop_token_ids=[])
+        stats = card.stats()
+    assert result.tokens == reference
+    m = result.metrics
+    assert m.k_chosen[0] > 300 and m.k_chosen[4] and m.k_chosen[3] and m.k_chosen[5]
+    assert stats["streams_opened"] == 1 and stats["streams_open"] == 0
+    # a round followed by K = 0 tells the card its outcome in the next PREFILL, not a COMMIT
+    assert 0 < stats["accepted_tokens"] <= m.num_accepted_tokens
+
+
+def test_the_pairs_limit_is_the_best_k_over_its_verify_cost() -> None:
+    from exstill_sdk.bench.speedup import pair_limit
+    from exstill_sdk.spec import SpecMetrics
+
+    m = SpecMetrics(max_k=3)
+    m.record_round(3, 3, 4)
+    m.record_round(3, 1, 2)
+    m.record_round(2, 2, 3)  # position 3 is reached by two drafts of three
+    assert m.acceptance_per_position == [1.0, 2 / 3, 0.5]
+    assert m.mean_acceptance_length_at(3) == pytest.approx(1 + 1 + 2 / 3 + 0.5)
+    verify = {"1": 10.0, "2": 11.0, "3": 12.0, "4": 20.0}
+    # K=1: 2/1.1 = 1.82; K=2: 2.67/1.2 = 2.22; K=3: 3.17/2.0 = 1.58
+    assert pair_limit(m, verify) == (pytest.approx((1 + 1 + 2 / 3) / 1.2), 2)
+    assert pair_limit(SpecMetrics(max_k=3), verify) == (1.0, 0)  # nothing drafted: no gain

@@ -309,6 +309,11 @@ class Card:
 
     def ping(self, data: bytes = b"") -> float:
         """Round-trip time in seconds of an echo of ``data``."""
+        if len(data) > self._info.max_payload:
+            raise InvalidArgumentError(
+                f"{len(data)} bytes do not fit one frame; the card takes at most "
+                f"{self._info.max_payload}"
+            )
         start = time.perf_counter()
         if self._request(Opcode.PING, data) != data:
             raise ProtocolError("the card echoed different bytes")

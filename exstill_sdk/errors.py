@@ -91,6 +91,11 @@ class StoreFullError(ExstillError):
     code = ErrorCode.STORE_FULL
 
 
+class StoreError(ExstillError):
+    """The card's image store itself is unreadable (its journal is not one); the message names
+    the file and what to do."""
+
+
 class DowngradeRefusedError(ExstillError):
     """The image is older than the target's confirmed image; flash with --allow-downgrade."""
 

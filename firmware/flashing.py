@@ -4,10 +4,12 @@ image that now serves; streams already open keep the engine they were opened on.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.image import open_image
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import MAX_PAYLOAD, Opcode
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from .streams import Session
 
 MAX_CHUNK = MAX_PAYLOAD - m.UPLOAD_CHUNK_HEAD.size
+log = logging.getLogger(__name__)
 
 
 class StoreService:
@@ -29,8 +32,27 @@ class StoreService:
         self.runtime = runtime
         self.store = store
         self.make_engine = make_engine
+        self.builtin = frozenset(runtime.models)
+        """The card's own engines: no stored target may take one of their names."""
+        refused = 0
         for name, path in store.serving().items():
-            self._serve(name, path)
+            if name in self.builtin:  # flashed before names were checked: never served
+                log.warning("stored target %r has a built-in engine's name; not served", name)
+                refused += 1
+                continue
+            self._boot_serve(name, path)
+        runtime.telemetry.images_set_aside = refused + sum(map(len, store.damaged.values()))
+
+    def _boot_serve(self, name: str, path: Path | None) -> None:
+        """Serve a target's image at boot; one that does not load is set aside for the other
+        slot's, and a target with none left does not serve: the card serves the rest."""
+        while path is not None:
+            try:
+                self._serve(name, path)
+                return
+            except Exception:
+                log.exception("target %r: %s does not load; set aside", name, path.name)
+                path = self.store.set_aside(name)
 
     def _serve(self, name: str, path: Path | None) -> None:
         if path is None:
@@ -52,6 +74,11 @@ class StoreService:
 
     def _begin(self, session: Session, handle: int, payload: bytes) -> bytes:
         req = m.decode_upload_begin(payload)
+        if req.target in self.builtin:
+            raise InvalidArgumentError(
+                f"{req.target!r} is the name of the card's built-in engine; flash the image "
+                "under another target name (--target)"
+            )
         offset = self.store.begin(
             req.target, req.size, req.sha256, req.version, req.allow_downgrade
         )

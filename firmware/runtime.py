@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable, Iterable
 from zlib import crc32
 
+import numpy as np
+
 from exstill_sdk.errors import (
     ContextFullError,
     ExstillError,
@@ -172,6 +174,12 @@ class CardRuntime:
                 + payload
             )
 
+    def refusal(self, frame: bytes, code: int, message: str) -> bytes:
+        """An ERROR reply to ``frame`` (its request id echoed) without serving it: how a
+        server turns away a request it will not hand to the runtime."""
+        rid = frame[2] | frame[3] << 8 if len(frame) >= 4 else 0
+        return self._error(rid, 0, code, message)
+
     def _error(self, rid: int, handle: int, code: int, message: str) -> bytes:
         if code in self.telemetry.errors:
             self.telemetry.errors[code] += 1
@@ -276,6 +284,12 @@ class CardRuntime:
         if len(payload) & 3:
             raise ProtocolError(f"prefill of {len(payload)} bytes is not whole u32 tokens")
         self._check_room(stream, len(payload) >> 2)
+        vocab = stream.engine.vocab_size
+        if vocab and payload and int(np.frombuffer(payload, "<u4").max()) >= vocab:
+            raise InvalidArgumentError(
+                f"a token id is beyond {stream.engine.name!r}'s vocabulary of {vocab}: "
+                "the prompt was tokenized for another model"
+            )
         stream.begin_change()
         stream.pending = b""
         stream.state.extend(payload)
@@ -314,7 +328,12 @@ class CardRuntime:
             stream = self.streams.get(session, handle)  # raises the typed error
         if len(payload) != 6:
             raise ProtocolError(f"COMMIT payload must be 6 bytes, got {len(payload)}")
-        accepted, next_k, _ = COMMIT.unpack(payload)
+        accepted, next_k, bonus = COMMIT.unpack(payload)
+        vocab = stream.engine.vocab_size
+        if vocab and bonus >= vocab:
+            raise InvalidArgumentError(
+                f"token {bonus} is beyond {stream.engine.name!r}'s vocabulary of {vocab}"
+            )
         pending = stream.pending
         if accepted << 2 > len(pending):
             raise InvalidArgumentError(

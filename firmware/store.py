@@ -5,7 +5,18 @@ Layout under the store root: ``journal.json`` (the state below) and, per target,
 byte harmless:
 
 - an upload only ever writes the slot that is not serving, as ``<slot>.part``, sequentially; the
-  resume offset is that file's size (the host re-sends from there);
+  resume offset is that file's size (the host re-sends from there). When the slots change roles
+  (activate, confirm, revert) a partial upload whose slot now serves is dropped, and a resumed
+  upload must still be for the slot that does not serve;
+- a finished upload replaces its slot in three journaled steps: the slot's old record is
+  forgotten (so nothing can roll back to a file about to change), the verified file is renamed
+  into place, then recorded; a rollback only ever goes to a recorded (complete, verified) image;
+- data is fsynced before a rename, and the directory after it;
+- an upload that is abandoned (another one begins, or it fails its check) leaves no target
+  behind, so empty targets never fill the table;
+- at boot every serving image is checked against the SHA-256 recorded when it was verified; a
+  damaged one is set aside (``damaged`` in the list) and the other slot's verified image serves
+  instead, or the target does not serve at all; the card serves everything else either way;
 - the journal changes only by writing ``journal.json.tmp``, fsync, then an atomic rename: a cut
   leaves the old journal or the new one, never a torn one;
 - a finished upload is checked in full (digest, structure, signature when trusted keys are
@@ -20,6 +31,7 @@ would.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +45,7 @@ from exstill_sdk.errors import (
     DowngradeRefusedError,
     ImageError,
     InvalidArgumentError,
+    StoreError,
     StoreFullError,
     UnknownModelError,
 )
@@ -42,6 +55,36 @@ from exstill_sdk.protocol.constants import ImageState
 
 SLOTS = ("a", "b")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _upload_slot(entry: dict[str, Any] | None) -> str:
+    """The slot an upload writes: the one that neither serves nor is on trial."""
+    if entry is None:
+        return SLOTS[0]
+    busy = {entry.get("confirmed"), entry.get("testing")}
+    return next(s for s in (*SLOTS, SLOTS[0]) if s not in busy)
+
+
+def _check_state(state: Any) -> None:
+    """The journal's shape, or an exception saying what is wrong with it."""
+    if not isinstance(state, dict) or not isinstance(state.get("targets"), dict):
+        raise ValueError("no 'targets' table")
+    for name, entry in state["targets"].items():
+        if not NAME.match(name) or not isinstance(entry.get("slots"), dict):
+            raise ValueError(f"target {name!r} is malformed")
+        for slot, info in entry["slots"].items():
+            if slot not in SLOTS or not {"digest", "size", "version"} <= set(info):
+                raise ValueError(f"slot {slot!r} of {name!r} is malformed")
+        for role in ("confirmed", "testing", "previous"):
+            if entry.get(role) not in (None, *entry["slots"]):
+                raise ValueError(f"{role} of {name!r} names no recorded slot")
+    upload = state.get("upload")
+    if upload is not None and not (
+        isinstance(upload, dict)
+        and {"target", "slot", "digest", "size", "version"} <= set(upload)
+        and upload["slot"] in SLOTS
+    ):
+        raise ValueError("the upload record is malformed")
 
 
 class PowerCut(BaseException):
@@ -71,10 +114,9 @@ class Store:
         self.fault_after = fault_after_bytes
         self.written = 0
         self._part: Any = None
-        journal = self.root / "journal.json"
-        self.state: dict[str, Any] = (
-            json.loads(journal.read_text()) if journal.exists() else {"targets": {}, "upload": None}
-        )
+        self.state = self._load(self.root / "journal.json")
+        self.damaged: dict[str, list[str]] = {}
+        """Per target, the slots whose image failed the boot check (set aside, not served)."""
         self._boot()
 
     # ------------------------------------------------------------------ durability
@@ -90,6 +132,28 @@ class Store:
         f.write(data)
         self.written += len(data)
 
+    @staticmethod
+    def _load(journal: Path) -> dict[str, Any]:
+        """The journal's state; StoreError naming the file when it is not a store journal."""
+        if not journal.exists():
+            return {"targets": {}, "upload": None}
+        try:
+            state = json.loads(journal.read_text())
+            _check_state(state)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise StoreError(
+                f"{journal} is not an image-store journal ({exc}); move the store directory "
+                "aside and flash the card again"
+            ) from None
+        return state  # type: ignore[no-any-return]
+
+    def _fsync_dir(self, directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def _save(self) -> None:
         tmp = self.root / "journal.json.tmp"
         with open(tmp, "wb") as f:
@@ -97,16 +161,56 @@ class Store:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.root / "journal.json")
+        self._fsync_dir(self.root)
 
     def _boot(self) -> None:
-        """Drop an unconfirmed trial image: after a reset the confirmed image serves."""
+        """After a reset: an unconfirmed trial image is dropped (the confirmed one serves), empty
+        targets left by an interrupted upload are forgotten, and every serving image is checked
+        against its recorded SHA-256 (a damaged one is set aside for the other slot's)."""
         changed = False
-        for entry in self.state["targets"].values():
+        upload = self.state.get("upload")
+        for name, entry in list(self.state["targets"].items()):
             if entry.get("testing"):
                 entry["testing"] = None
                 changed = True
+            if not entry["slots"] and not (upload and upload["target"] == name):
+                del self.state["targets"][name]
+                changed = True
+                continue
+            while (slot := entry.get("confirmed")) and not self._intact(name, slot):
+                self._set_aside(name, slot)
+                changed = True
         if changed:
             self._save()
+
+    def _set_aside(self, target: str, slot: str) -> None:
+        """Stop using a slot's image (not saved): the previous image, if any, serves instead."""
+        entry = self.state["targets"][target]
+        self.damaged.setdefault(target, []).append(slot)
+        del entry["slots"][slot]
+        for role in ("testing", "previous"):
+            if entry.get(role) == slot:
+                entry[role] = None
+        if entry.get("confirmed") == slot:
+            entry["confirmed"], entry["previous"] = entry.get("previous"), None
+
+    def set_aside(self, target: str) -> Path | None:
+        """The target's serving image does not load: set it aside; what serves now, if any."""
+        self._set_aside(target, self.serving_slot(target))
+        self._save()
+        return self.serving().get(target)
+
+    def _intact(self, target: str, slot: str) -> bool:
+        """Whether the slot's file is whole and has the SHA-256 recorded when it was verified."""
+        info = self.state["targets"][target]["slots"].get(slot)
+        path = self.path(target, slot)
+        if info is None or not path.exists() or path.stat().st_size != info["size"]:
+            return False
+        h = hashlib.sha256()
+        with open(path, "rb") as r:
+            while block := r.read(1 << 22):
+                h.update(block)
+        return h.hexdigest() == info["digest"]
 
     # ------------------------------------------------------------------ queries
 
@@ -118,6 +222,10 @@ class Store:
 
     def path(self, target: str, slot: str) -> Path:
         return self.root / target / f"{slot}.img"
+
+    def serving_slot(self, target: str) -> str:
+        entry = self._target(target)
+        return str(entry.get("testing") or entry.get("confirmed"))
 
     def serving(self) -> dict[str, Path]:
         """Each target's serving image: the one on trial, else the confirmed one."""
@@ -162,6 +270,10 @@ class Store:
                 out.append(
                     (name, i, state, info["version"], info["size"], bytes.fromhex(info["digest"]))
                 )
+        for name, slots in sorted(self.damaged.items()):
+            for slot in slots:
+                size = self.path(name, slot).stat().st_size if self.path(name, slot).exists() else 0
+                out.append((name, SLOTS.index(slot), ImageState.DAMAGED, "", size, bytes(32)))
         return out
 
     def _used_bytes(self) -> int:
@@ -176,7 +288,7 @@ class Store:
         if not NAME.match(target):
             raise InvalidArgumentError(f"target name {target!r}: use letters, digits, . _ -")
         entry = self.state["targets"].get(target)
-        if entry is None and len(self.state["targets"]) >= self.MAX_TARGETS:
+        if entry is None and len(self._held_targets()) >= self.MAX_TARGETS:
             raise StoreFullError(
                 f"the store holds {self.MAX_TARGETS} targets already; erase one first"
             )
@@ -199,20 +311,20 @@ class Store:
                         "pass --allow-downgrade to install it anyway"
                     )
         upload: dict[str, Any] | None = self.state.get("upload")
-        if upload is not None and (upload["target"], upload["digest"], upload["size"]) == (
-            target,
-            digest.hex(),
-            size,
-        ):
-            part = self.root / target / f"{upload['slot']}.part"
+        slot = _upload_slot(entry)
+        if upload is not None and (
+            upload["target"],
+            upload["digest"],
+            upload["size"],
+            upload["slot"],
+        ) == (target, digest.hex(), size, slot):
+            part = self.root / target / f"{slot}.part"
             return part.stat().st_size if part.exists() else 0
-        self._close_part()
-        if upload:  # another upload was in progress: it is abandoned
-            (self.root / upload["target"] / f"{upload['slot']}.part").unlink(missing_ok=True)
+        self._drop_upload()
+        entry = self.state["targets"].get(target)  # dropping may have forgotten it
         if entry is None:
             entry = {"slots": {}, "confirmed": None, "testing": None, "previous": None}
             self.state["targets"][target] = entry
-        slot = "b" if entry.get("confirmed") == "a" else "a"
         (self.root / target).mkdir(exist_ok=True)
         (self.root / target / f"{slot}.part").write_bytes(b"")
         self.state["upload"] = {
@@ -224,6 +336,16 @@ class Store:
         }
         self._save()
         return 0
+
+    def _drop_upload(self) -> None:
+        """Abandon the upload in progress (not saved): its partial file goes, and its target
+        too if that holds nothing else."""
+        upload = self.state.get("upload")
+        self._close_part()
+        if upload:
+            (self.root / upload["target"] / f"{upload['slot']}.part").unlink(missing_ok=True)
+            self.state["upload"] = None
+            self._drop_empty(upload["target"])
 
     def _part_file(self) -> tuple[Any, dict[str, Any]]:
         upload = self.state.get("upload")
@@ -278,15 +400,27 @@ class Store:
             self._drop_empty(target)
             self._save()
             raise
-        os.replace(part, self.path(target, slot))
         entry = self.state["targets"][target]
-        entry["slots"][slot] = {
+        if slot in (entry.get("confirmed"), entry.get("testing")):  # never replace what serves
+            self._drop_upload()
+            self._save()
+            raise InvalidArgumentError(f"slot {slot} of {target!r} serves now; flash again")
+        with open(part, "rb+") as f:
+            os.fsync(f.fileno())
+        if slot in entry["slots"]:  # 1. forget the old image: nothing may roll back to it now
+            del entry["slots"][slot]
+            if entry.get("previous") == slot:
+                entry["previous"] = None
+            self._save()
+        os.replace(part, self.path(target, slot))  # 2. the verified bytes take its place
+        self._fsync_dir(self.root / target)
+        if slot in self.damaged.get(target, ()):
+            self.damaged[target].remove(slot)
+        entry["slots"][slot] = {  # 3. and are recorded
             "digest": upload["digest"],
             "version": upload["version"],
             "size": upload["size"],
         }
-        if entry.get("previous") == slot:
-            entry["previous"] = None
         self.state["upload"] = None
         self._save()
         return bytes.fromhex(upload["digest"])
@@ -295,6 +429,22 @@ class Store:
         entry = self.state["targets"].get(target)
         if entry is not None and not entry["slots"]:
             del self.state["targets"][target]
+            for p in (self.root / target).glob("*"):
+                p.unlink()
+            with contextlib.suppress(OSError):
+                (self.root / target).rmdir()
+
+    def _held_targets(self) -> list[str]:
+        """Targets that hold an image (an upload's new, empty target does not count)."""
+        return [name for name, entry in self.state["targets"].items() if entry["slots"]]
+
+    def _roles_changed(self, target: str) -> None:
+        """After a slot changed roles: a partial upload into a slot that now serves or is the
+        rollback target is dropped (the next flash starts again in the right slot)."""
+        upload = self.state.get("upload")
+        entry = self.state["targets"][target]
+        if upload and upload["target"] == target and upload["slot"] != _upload_slot(entry):
+            self._drop_upload()
 
     # ------------------------------------------------------------------ slots
 
@@ -309,6 +459,7 @@ class Store:
         if not candidates:
             raise InvalidArgumentError(f"target {target!r} has no new verified image to activate")
         entry["testing"] = candidates[0]
+        self._roles_changed(target)
         self._save()
         return self.path(target, candidates[0])
 
@@ -318,30 +469,36 @@ class Store:
             raise InvalidArgumentError(f"target {target!r} has no image on trial to confirm")
         entry["previous"], entry["confirmed"] = entry.get("confirmed"), entry["testing"]
         entry["testing"] = None
+        self._roles_changed(target)
         self._save()
 
     def revert(self, target: str) -> Path | None:
         """Drop the image on trial, or go back to the previous confirmed image; the path that
         now serves (None if nothing does)."""
         entry = self._target(target)
+        previous = entry.get("previous")
         if entry.get("testing"):
             entry["testing"] = None
-        elif entry.get("previous"):
-            entry["confirmed"], entry["previous"] = entry["previous"], entry["confirmed"]
+        elif previous and previous in entry["slots"] and self._intact(target, previous):
+            entry["confirmed"], entry["previous"] = previous, entry["confirmed"]
         else:
-            raise InvalidArgumentError(f"target {target!r} has nothing to revert to")
+            raise InvalidArgumentError(f"target {target!r} has no verified image to revert to")
+        self._roles_changed(target)
         self._save()
         slot = entry.get("confirmed")
         return self.path(target, slot) if slot else None
 
     def erase(self, target: str) -> None:
-        self._target(target)
+        if target not in self.state["targets"] and target not in self.damaged:
+            self._target(target)  # raises
         upload = self.state.get("upload")
         if upload and upload["target"] == target:
             self._close_part()
             self.state["upload"] = None
-        del self.state["targets"][target]
+        self.state["targets"].pop(target, None)
+        self.damaged.pop(target, None)
         self._save()
         for p in (self.root / target).glob("*"):
             p.unlink()
-        (self.root / target).rmdir()
+        with contextlib.suppress(OSError):
+            (self.root / target).rmdir()

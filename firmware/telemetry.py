@@ -17,6 +17,7 @@ class Telemetry:
         "errors",
         "frames",
         "frames_dropped",
+        "images_set_aside",
         "prefetch_hits",
         "prefetch_late",
         "prefetch_misses",
@@ -37,6 +38,8 @@ class Telemetry:
         self.prefetch_misses = 0
         self.prefetch_late = 0
         self.streams_opened = 0
+        self.images_set_aside = 0
+        """Stored images the card would not serve at boot (damaged, or not loadable)."""
         self.errors: dict[int, int] = dict.fromkeys(WIRE_ERRORS, 0)
 
     def snapshot(self, streams_open: int) -> dict[str, int]:
@@ -53,6 +56,7 @@ class Telemetry:
             "prefetch_late": self.prefetch_late,
             "streams_open": streams_open,
             "streams_opened": self.streams_opened,
+            "images_set_aside": self.images_set_aside,
         }
         out.update({f"errors.{ErrorCode(c).name.lower()}": n for c, n in self.errors.items()})
         return out

@@ -22,7 +22,7 @@ START_TIMEOUT_S = 60.0
 
 def split_cores() -> tuple[int | None, int | None]:
     """(the host's core, the card's core): the first two this process may run on, or
-    (None, None) where there are not two (then nothing is pinned)."""
+    (None, None) where there are not two (then nothing is pinned). Call it before pinning."""
     if not hasattr(os, "sched_getaffinity"):
         return None, None
     cpus = sorted(os.sched_getaffinity(0))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
 from exstill_sdk.bench.speedup import verify_curve
 from exstill_sdk.bench.timing import timed
 from exstill_sdk.demo import (
@@ -28,7 +29,7 @@ from exstill_sdk.demo import (
     THREADS,
     demo_dir,
     demo_tokenizer,
-    emulator_url,
+    emulator_args,
 )
 
 KList = tuple[int, ...]
@@ -73,76 +74,79 @@ def run(
     data = demo_dir()
     inputs = held_out_prompts(prompts, prompt_tokens)
     n_out = new_tokens * len(inputs)
-    target = OnnxTarget(
-        data / "target.img", max_sequences=max(users), positions=POSITIONS, threads=THREADS
-    )
-    plain_s = 0.0
-    reference = []
-    for p in inputs:
-        s, out = timed(target.greedy, p, new_tokens)
-        plain_s += s
-        reference.append(out)
-    result: dict[str, Any] = {
-        "prompts": len(inputs),
-        "prompt_tokens": prompt_tokens,
-        "new_tokens": new_tokens,
-        "onnx_target": {
-            "plain_tokens_per_s": round(n_out / plain_s, 1),
-            "verify_us": verify_curve(target, inputs[0], range(1, max(ks) + 2)),
-        },
-    }
-    url = emulator_url()
-
-    def speculate(card: Any, k: int | Literal["adaptive"], draft: str | None) -> dict[str, Any]:
-        decoder = SpeculativeDecoder(card, target, draft=draft, k=k, max_k=max(ks))
-        seconds, outs = 0.0, []
+    host_cpu, card_cpu = split_cores()
+    with pinned(host_cpu):  # the target and the host's loop on one core, the card on another
+        target = OnnxTarget(
+            data / "target.img", max_sequences=max(users), positions=POSITIONS, threads=THREADS
+        )
+        plain_s = 0.0
+        reference = []
         for p in inputs:
-            s, r = timed(decoder.generate, p, new_tokens, stop_token_ids=[])
-            seconds += s
-            outs.append(r.tokens)
-        m = decoder.metrics
-        return {
-            "tokens_per_s": round(n_out / seconds, 1),
-            "speedup": round(plain_s / seconds, 2),
-            "mean_acceptance_length": round(m.mean_acceptance_length, 3),
-            "prefetch_hits": m.prefetch_hits,
-            "rounds": m.rounds,
-            "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
-            "exact": outs == reference,
+            s, out = timed(target.greedy, p, new_tokens)
+            plain_s += s
+            reference.append(out)
+        result: dict[str, Any] = {
+            "prompts": len(inputs),
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+            "onnx_target": {
+                "plain_tokens_per_s": round(n_out / plain_s, 1),
+                "verify_us": verify_curve(target, inputs[0], range(1, max(ks) + 2)),
+            },
         }
 
-    with open_card(url) as card:
-        for draft in (DRAFT_TARGET, None):  # warm-up: onnxruntime's first runs are slow
-            SpeculativeDecoder(card, target, draft=draft).generate(
-                inputs[0], min(16, new_tokens), stop_token_ids=[]
-            )
-        onnx = result["onnx_target"]
-        onnx["draft_adaptive"] = speculate(card, "adaptive", DRAFT_TARGET)
-        onnx["lookup_adaptive"] = speculate(card, "adaptive", None)
-        onnx["fixed_k"] = {str(k): speculate(card, k, DRAFT_TARGET) for k in ks}
-        best = max(onnx["fixed_k"], key=lambda k: onnx["fixed_k"][k]["tokens_per_s"])
-        onnx["best_fixed_k"] = int(best)
-        onnx["adaptive_vs_best_fixed"] = round(
-            onnx["draft_adaptive"]["tokens_per_s"] / onnx["fixed_k"][best]["tokens_per_s"], 3
-        )
-        onnx["users"] = {}
-        for n in users:
-            batch = [inputs[i % len(inputs)] for i in range(n)]
-            decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max(ks))
-            seconds, outs = timed(decoder.generate_batch, batch, new_tokens, stop_token_ids=[])
-            onnx["users"][str(n)] = {
-                "tokens_per_s": round(n * new_tokens / seconds, 1),
-                "exact": [o.tokens for o in outs] == [reference[i % len(inputs)] for i in range(n)],
+        def speculate(card: Any, k: int | Literal["adaptive"], draft: str | None) -> dict[str, Any]:
+            decoder = SpeculativeDecoder(card, target, draft=draft, k=k, max_k=max(ks))
+            seconds, outs = 0.0, []
+            for p in inputs:
+                s, r = timed(decoder.generate, p, new_tokens, stop_token_ids=[])
+                seconds += s
+                outs.append(r.tokens)
+            m = decoder.metrics
+            return {
+                "tokens_per_s": round(n_out / seconds, 1),
+                "speedup": round(plain_s / seconds, 2),
+                "mean_acceptance_length": round(m.mean_acceptance_length, 3),
+                "prefetch_hits": m.prefetch_hits,
+                "rounds": m.rounds,
+                "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
+                "exact": outs == reference,
             }
-        if hf:
-            result["hf_target"] = _hf_side_by_side(card, inputs, new_tokens, max(ks))
-    if sizes:
+
+        with emulator_process(*emulator_args(), cpu=card_cpu) as url, open_card(url) as card:
+            for draft in (DRAFT_TARGET, None):  # warm-up: onnxruntime's first runs are slow
+                SpeculativeDecoder(card, target, draft=draft).generate(
+                    inputs[0], min(16, new_tokens), stop_token_ids=[]
+                )
+            onnx = result["onnx_target"]
+            onnx["draft_adaptive"] = speculate(card, "adaptive", DRAFT_TARGET)
+            onnx["lookup_adaptive"] = speculate(card, "adaptive", None)
+            onnx["fixed_k"] = {str(k): speculate(card, k, DRAFT_TARGET) for k in ks}
+            best = max(onnx["fixed_k"], key=lambda k: onnx["fixed_k"][k]["tokens_per_s"])
+            onnx["best_fixed_k"] = int(best)
+            onnx["adaptive_vs_best_fixed"] = round(
+                onnx["draft_adaptive"]["tokens_per_s"] / onnx["fixed_k"][best]["tokens_per_s"], 3
+            )
+            onnx["users"] = {}
+            for n in users:
+                batch = [inputs[i % len(inputs)] for i in range(n)]
+                decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max(ks))
+                seconds, outs = timed(decoder.generate_batch, batch, new_tokens, stop_token_ids=[])
+                onnx["users"][str(n)] = {
+                    "tokens_per_s": round(n * new_tokens / seconds, 1),
+                    "exact": [o.tokens for o in outs]
+                    == [reference[i % len(inputs)] for i in range(n)],
+                }
+            if hf:
+                result["hf_target"] = _hf_side_by_side(card, inputs, new_tokens, max(ks))
+    if sizes:  # after the host is unpinned: the sweep places its own processes
         from exstill_sdk.bench import sizes as by_size
 
         result["sizes"] = by_size.run(
             sizes,
+            prompts=prompts,
             prompt_tokens=prompt_tokens,
-            new_tokens=min(new_tokens, 96),
+            new_tokens=new_tokens,
             runs=size_runs,
             max_k=max(ks),
             progress=progress,
@@ -154,8 +158,8 @@ def _hf_side_by_side(
     card: Any, inputs: list[list[int]], new_tokens: int, max_k: int
 ) -> dict[str, Any]:
     """transformers' greedy generate, its assisted generation, and ours with the same HF
-    target, each after one warm-up call. torch gets one thread for all three: the emulated card
-    runs in this process and takes the other core, as a card brings its own silicon."""
+    target, each after one warm-up call. torch gets one thread for all three, on the host's
+    core: the emulated card has the other, as a card brings its own silicon."""
     import torch
 
     from exstill_sdk.adapters.hf import HFTarget

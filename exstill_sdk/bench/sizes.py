@@ -24,13 +24,15 @@ DEFAULT_SIZES = ("small", "576", "1408", "2816")
 def run(
     sizes: tuple[str, ...] = DEFAULT_SIZES,
     *,
+    prompts: int = 3,
     prompt_tokens: int = 96,
     new_tokens: int = 96,
     runs: int = 2,
     max_k: int = 8,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """One row per size: ``small``, ``large`` or a hidden size to expand the target to."""
+    """One row per size: ``small``, ``large`` or a hidden size to expand the target to; each
+    run decodes ``new_tokens`` after each of the first ``prompts`` held-out prompts."""
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.bench.e2e import held_out_prompts
     from exstill_sdk.card import open_card
@@ -38,7 +40,7 @@ def run(
     from exstill_sdk.demo.targets import demo_target, expanded_target
     from exstill_sdk.spec import SpeculativeDecoder
 
-    prompt = held_out_prompts(1, prompt_tokens)[0]
+    inputs = held_out_prompts(prompts, prompt_tokens)
     host_cpu, card_cpu = split_cores()
     rows = []
     with (
@@ -54,7 +56,7 @@ def run(
             )
             target = OnnxTarget(chosen.image, positions=POSITIONS, threads=THREADS)
             decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max_k)
-            result = measure_speedup(target, decoder, prompt, new_tokens, runs=runs)
+            result = measure_speedup(target, decoder, inputs, new_tokens, runs=runs)
             rows.append(
                 {
                     "size": size,
@@ -65,6 +67,7 @@ def run(
             )
             del target, decoder
     return {
+        "prompts": len(inputs),
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
         "runs": runs,

@@ -131,65 +131,64 @@ class SpeedupRun:
 def measure_speedup(
     target: Any,
     decoder: Any,
-    prompt: list[int],
+    prompts: list[list[int]],
     new_tokens: int,
     *,
     runs: int = 3,
     on_token: Callable[[list[int]], None] | None = None,
 ) -> SpeedupRun:
     """Plain greedy decoding (``target.greedy``) against ``decoder``'s speculative decoding of
-    ``new_tokens`` after ``prompt``, ``runs`` of each, alternating.
+    ``new_tokens`` after each of ``prompts`` (a run decodes them all, one after the other),
+    ``runs`` of each way, alternating.
 
-    A first speculative run warms the whole path (and, with ``on_token``, shows its tokens as
-    the target accepts them); it is not timed. The decoder is one object throughout, as in a
-    server: what its adaptive K learns of the target's and the card's costs carries over."""
-    warm = [*prompt, *target.greedy(prompt, 8)]
+    A first speculative run of the first prompt warms the whole path (and, with ``on_token``,
+    shows its tokens as the target accepts them); it is not timed. The decoder is one object
+    throughout, as in a server: what its adaptive K learns of the target's and the card's
+    costs carries over."""
+    first = prompts[0]
+    warm = [*first, *target.greedy(first, 8)]
     verify_curve(target, warm, range(1, decoder.max_k + 2), repeats=1)  # every shape once
     shown: list[int] = []
-    for token in decoder.stream(prompt, new_tokens, stop_token_ids=[]):
+    for token in decoder.stream(first, new_tokens, stop_token_ids=[]):
         shown.append(token)
         if on_token is not None:
             on_token(shown)
     plain_s: list[float] = []
     spec_s: list[float] = []
-    metrics: SpecMetrics | None = None
-    identical = True
-    reference: list[int] = []
+    metrics = SpecMetrics(max_k=decoder.max_k)
+    outputs: list[list[list[int]]] = []
 
     def plain() -> None:
-        nonlocal identical, reference
-        s, out = timed(target.greedy, prompt, new_tokens)
+        s, out = timed(lambda: [target.greedy(p, new_tokens) for p in prompts])
         plain_s.append(s)
-        reference = reference or out
-        identical &= out == reference
+        outputs.append(out)
 
     def speculative() -> None:
-        nonlocal metrics
-        s, result = timed(decoder.generate, prompt, new_tokens, stop_token_ids=[])
+        s, results = timed(
+            lambda: [decoder.generate(p, new_tokens, stop_token_ids=[]) for p in prompts]
+        )
         spec_s.append(s)
-        spec_out.append(result.tokens)
-        if metrics is None:
-            metrics = result.metrics
-        else:
-            metrics.merge(result.metrics)
+        outputs.append([r.tokens for r in results])
+        for r in results:
+            metrics.merge(r.metrics)
 
-    spec_out: list[list[int]] = []
     for i in range(runs):
         order: list[Callable[[], None]] = (
             [plain, speculative] if i % 2 == 0 else [speculative, plain]
         )
         for run in order:
             run()
-    identical &= all(out == reference for out in [*spec_out, shown])
-    assert metrics is not None
-    context = [*prompt, *reference[: new_tokens // 2]]
+    reference = outputs[0]
+    identical = all(out == reference for out in outputs) and shown == reference[0]
+    context = [*first, *reference[0][: new_tokens // 2]]
     verify_us = verify_curve(target, context, range(1, metrics.max_k + 2))
     limit, limit_k = pair_limit(metrics, verify_us)
+    produced = new_tokens * len(prompts)
     return SpeedupRun(
         tokens=shown,
         runs=runs,
-        plain_tokens_per_s=Spread.of([new_tokens / s for s in plain_s]),
-        spec_tokens_per_s=Spread.of([new_tokens / s for s in spec_s]),
+        plain_tokens_per_s=Spread.of([produced / s for s in plain_s]),
+        spec_tokens_per_s=Spread.of([produced / s for s in spec_s]),
         speedup=Spread.of([p / s for p, s in zip(plain_s, spec_s, strict=True)]),
         identical=identical,
         metrics=metrics,

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute threads per transformer engine (default 0: one per core)",
     )
     p.add_argument("--max-k", type=int, default=16, help="largest K a stream may ask for")
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=64,
+        help="TCP connections served at once; more are answered CARD_FULL (default 64)",
+    )
     p.add_argument("--no-prefetch", action="store_true", help="disable next-draft prefetch")
     p.add_argument("--json", action="store_true", help="print the first line as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="log connections to stderr")
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         server: TcpCardServer | PtyCardServer = (
             PtyCardServer(runtime)
             if args.serial
-            else TcpCardServer(runtime, listen.hostname, listen.port)
+            else TcpCardServer(runtime, listen.hostname, listen.port, args.max_connections)
         )
     except (ExstillError, ValueError, OSError) as exc:
         print(f"exstill-emu: {exc}", file=sys.stderr)

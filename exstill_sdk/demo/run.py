@@ -121,7 +121,7 @@ def run_demo(
                 on_text(text[len(shown) :])
                 shown = text
 
-        run = measure_speedup(model, decoder, prompt_ids, budget, runs=runs, on_token=show)
+        run = measure_speedup(model, decoder, [prompt_ids], budget, runs=runs, on_token=show)
     return DemoResult(
         prompt=prompt,
         text=tokenizer.decode(run.tokens),

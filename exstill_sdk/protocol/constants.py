@@ -124,3 +124,6 @@ class ImageState(IntEnum):
     """Serving; survives resets."""
     PREVIOUS = 4
     """The previously confirmed image, kept for revert."""
+    DAMAGED = 5
+    """Failed the card's check at boot (truncated, missing or changed since it was verified):
+    set aside, never served; erase the target or flash it again."""

@@ -27,8 +27,8 @@ formula still ranks the K not measured lately, scaled by how far it was off for 
 measured most.
 
 Exploration: every 8th round K*+1, so that positions beyond K* keep being measured; four rounds
-later K*-1, or K = 0 while the target alone has not been measured in the last 64 rounds (it is
-the baseline every other K must beat, unless drafting already gives twice its rate).
+later K*-1, or K = 0 while the target alone has not been measured in the last 64 rounds and
+drafting does not already promise twice its rate (it is the baseline every other K must beat).
 
 K* = 0 means drafting does not pay at these costs: the round is the target's plain step with no
 card round at all (the decoder brings the card up to date when K* turns positive again). Such a
@@ -131,6 +131,7 @@ class AdaptiveK(KPolicy):
         self._wait: tuple[int, float] | None = None  # the card wait of the next round's draft
         self._done_at = [0] * (max_k + 1)  # per K: the round it was last measured whole
         self._bias = 1.0  # measured / formula tokens per second, for the K not measured lately
+        self._rates = [0.0] * (max_k + 1)  # the last plan's tokens per second, by K
         self._last_k = -1
         self.draft_per_token = 0.0
         self.other = 0.0
@@ -241,7 +242,8 @@ class AdaptiveK(KPolicy):
     def _plan(self) -> int:
         """K* over 0..max_k, as the module docstring says."""
         times = self.round_times()
-        best, best_rate = 0, self._measured_rate(0) or 1.0 / times[0]
+        rates = [self._measured_rate(0) or 1.0 / times[0]]
+        best, best_rate = 0, rates[0]
         if self._best == 0:  # leaving K = 0 costs the card a catch-up: it must pay clearly
             best_rate *= 1 + SWITCH_MARGIN
         model = [0.0]
@@ -255,10 +257,18 @@ class AdaptiveK(KPolicy):
         if measured[known]:  # what the formula misses for drafting rounds, it misses for all
             self._bias = measured[known] / model[known]
         for k in range(1, self.max_k + 1):
-            rate = measured[k] or model[k] * self._bias
-            if rate > best_rate:
-                best, best_rate = k, rate
+            rates.append(measured[k] or model[k] * self._bias)
+            if rates[k] > best_rate:
+                best, best_rate = k, rates[k]
+        self._rates = rates
         return best
+
+    def _target_alone_in_doubt(self, best: int) -> bool:
+        """Whether rounds of the target alone should be measured (again): drafting does not
+        already give twice their estimated rate, and they were not measured lately."""
+        fresh = self._done_count[0] >= MEASURED_ROUNDS
+        fresh = fresh and self.rounds - self._done_at[0] <= STALE_ROUNDS
+        return not fresh and self._rates[best] < CLEAR_WIN * self._rates[0]
 
     def choose(self, max_k: int) -> int:
         max_k = min(max_k, self.max_k)
@@ -281,11 +291,8 @@ class AdaptiveK(KPolicy):
         phase = self.rounds % self.EXPLORE_EVERY
         if phase == 0:
             return min(best + 1, max_k)
-        if phase == self.EXPLORE_EVERY // 2:  # K = 0 while the target alone is not known well
-            if self._done_count[0] < MEASURED_ROUNDS or (
-                self.rounds - self._done_at[0] > STALE_ROUNDS
-                and self._measured_rate(best) < CLEAR_WIN * self._measured_rate(0)
-            ):
+        if phase == self.EXPLORE_EVERY // 2:
+            if self._target_alone_in_doubt(best):
                 self._done_count[0] = min(self._done_count[0], MEASURED_ROUNDS)  # weigh new more
                 return 0
             return best - 1

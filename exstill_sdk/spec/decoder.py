@@ -115,6 +115,8 @@ class SpeculativeDecoder:
         self.card = card
         self.target = target
         self.sampling = sampling or SamplingParams()
+        if not isinstance(max_k, int) or max_k < 0:
+            raise InvalidArgumentError(f"max_k must be a whole number 0 or more, not {max_k!r}")
         self.max_k = min(max_k, card.info().max_k)
         if k != "adaptive" and not (isinstance(k, int) and 0 <= k <= self.max_k):
             raise InvalidArgumentError(f"k must be 0..{self.max_k} or 'adaptive', not {k!r}")

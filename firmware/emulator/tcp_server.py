@@ -16,6 +16,7 @@ import socket
 import threading
 from contextlib import suppress
 
+from exstill_sdk.protocol.constants import ErrorCode
 from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
 
 from ..runtime import CardRuntime
@@ -25,11 +26,27 @@ log = logging.getLogger(__name__)
 
 SEND_TIMEOUT = 10.0
 """A client that does not read its replies for this long is disconnected."""
+MAX_CONNECTIONS = 64
+"""Connections served at once by default. Each holds at most one partial frame (the deframer
+drops anything longer than the largest frame, about 1 MiB), so this also bounds the memory that
+clients can make the card buffer."""
+REFUSE_TIMEOUT = 2.0
 
 
 class TcpCardServer:
-    def __init__(self, runtime: CardRuntime, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        runtime: CardRuntime,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.runtime = runtime
+        self.max_connections = max_connections
+        self.refused = 0
+        """Connections turned away because max_connections were being served."""
         self._listener = socket.create_server((host, port))
         self._listener.settimeout(0.5)
         self.host, self.port = self._listener.getsockname()[:2]
@@ -58,14 +75,19 @@ class TcpCardServer:
                     if self._stopping.is_set():
                         break
                     raise
+                with self._lock:
+                    full = len(self._clients) >= self.max_connections
                 thread = threading.Thread(
-                    target=self._serve_client,
+                    target=self._refuse if full else self._serve_client,
                     args=(sock, f"{addr[0]}:{addr[1]}"),
                     name=f"exstill-client-{addr[1]}",
                     daemon=True,
                 )
-                with self._lock:
-                    self._clients[sock] = thread
+                if full:
+                    self.refused += 1
+                else:
+                    with self._lock:
+                        self._clients[sock] = thread
                 thread.start()
         finally:
             self.close()
@@ -80,6 +102,30 @@ class TcpCardServer:
                 sock.shutdown(socket.SHUT_RDWR)
         for _, thread in clients:
             thread.join(timeout=5)
+
+    def _refuse(self, sock: socket.socket, peer: str) -> None:
+        """Answer the first request of a connection beyond the limit with CARD_FULL, then
+        close it: the client learns why at once instead of by a timeout."""
+        try:
+            sock.settimeout(REFUSE_TIMEOUT)
+            deframer = Deframer()
+            frames: list[bytes] = []
+            while not frames:
+                data = sock.recv(4096)
+                if not data:
+                    return
+                frames = deframer.feed(data)
+            message = (
+                f"the card serves {self.max_connections} connections already; close one, or "
+                "start the emulator with a larger --max-connections"
+            )
+            reply = self.runtime.refusal(frames[0], ErrorCode.CARD_FULL, message)
+            sock.sendall(encode_stream_frame(reply))
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            sock.close()
+            log.info("client %s refused: %d connections served", peer, self.max_connections)
 
     def _serve_client(self, sock: socket.socket, peer: str) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -18,54 +18,13 @@ from exstill_sdk import (
     ImageSignatureError,
     open_card,
 )
-from exstill_sdk.bench.synthetic import write_checkpoint
 from exstill_sdk.card import Card
 from exstill_sdk.flash import flash
-from exstill_sdk.image import generate_keypair, load_private_key, load_trusted_keys, open_image
-from exstill_sdk.image.pack import pack_checkpoint
+from exstill_sdk.image import load_trusted_keys
 from exstill_sdk.protocol.constants import ImageState
 from exstill_sdk.transport.emu import EmuTransport
 
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Versions 1 and 2 of a small target (~0.5 MB: 16 upload chunks), and a signed v3."""
-    root = tmp_path_factory.mktemp("flash")
-    out = {}
-    keys = root / "keys"
-    generate_keypair(keys, "vendor")
-    generate_keypair(keys, "other")
-    for version, seed in (("1", 1), ("2", 2), ("3", 3)):
-        write_checkpoint(
-            root / f"ck{version}",
-            layers=1,
-            hidden=64,
-            intermediate=96,
-            heads=4,
-            kv_heads=2,
-            vocab=1024,
-            seed=seed,
-            std=0.3,
-        )
-        key = load_private_key(keys / "vendor.key") if version == "3" else None
-        out[version] = root / f"v{version}.img"
-        pack_checkpoint(
-            root / f"ck{version}", out[version], "tiny", image_version=version, signing_key=key
-        )
-    out["keys"] = keys
-    return out
-
-
-def card_on(store: Store) -> Card:
-    runtime = CardRuntime(4, 256, store=store, prefetch=False)
-    return Card(EmuTransport(runtime, owns_runtime=True))
-
-
-def serving_version(root: Path, target: str = "tiny") -> str:
-    store = Store(root)
-    path = store.serving()[target]
-    with open_image(path, verify=True) as image:
-        return image.image_version
+from .conftest import card_on, serving_version
 
 
 def test_flash_confirm_revert_and_downgrade(images, tmp_path: Path) -> None:

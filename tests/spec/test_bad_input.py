@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ from exstill_firmware.emulator import TcpCardServer, build_engines
 from exstill_sdk import (
     ContextFullError,
     ExstillError,
+    InvalidArgumentError,
     TargetOutputError,
     TokenizerMismatchError,
     open_card,
@@ -21,6 +25,8 @@ from exstill_sdk import (
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.bench.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
+from exstill_sdk.protocol.constants import Opcode
+from exstill_sdk.protocol.framing import Deframer
 from exstill_sdk.spec import SpeculativeDecoder
 
 
@@ -134,3 +140,69 @@ def test_card_disappearing_mid_round(tiny: Path) -> None:
     thread.join(5)
     runtime.shutdown()
     assert len(got) >= 10 and got == reference[: len(got)]
+
+
+class _DropAtClose:
+    """A real TCP proxy that forwards every frame until the client sends CLOSE, then drops
+    both connections (a link lost exactly when a finished sequence frees its stream)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.upstream = upstream
+        self.dropped = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        client, _ = self.listener.accept()
+        card = socket.create_connection(self.upstream)
+
+        def back() -> None:
+            with contextlib.suppress(OSError):
+                while data := card.recv(65536):
+                    client.sendall(data)
+
+        threading.Thread(target=back, daemon=True).start()
+        deframer = Deframer()
+        while data := client.recv(65536):
+            if any(frame[1] == Opcode.CLOSE for frame in deframer.feed(data)):
+                self.dropped.set()
+                break
+            card.sendall(data)
+        for sock in (client, card):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def test_a_link_lost_at_close_keeps_the_finished_generation(tiny: Path) -> None:
+    runtime = CardRuntime(
+        4, 128, build_engines([], [tiny / "tiny.img"], 4, 128), background_prefetch=False
+    )
+    server = TcpCardServer(runtime)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    reference = OnnxTarget(tiny / "tiny.img", positions=128).greedy([4, 5, 6], 40)
+    proxy = _DropAtClose((server.host, server.port))
+    try:
+        with open_card(proxy.url, timeout=2) as card:
+            target = OnnxTarget(tiny / "tiny.img", positions=128)
+            decoder = SpeculativeDecoder(card, target, draft="tiny", k=3)
+            result = decoder.generate([4, 5, 6], 40, stop_token_ids=[])
+        assert proxy.dropped.is_set() and result.tokens == reference
+        assert result.finish_reason == "length"
+    finally:
+        server.stop()
+        thread.join(5)
+        runtime.shutdown()
+
+
+def test_arguments_out_of_range_are_typed_errors(tiny: Path) -> None:
+    with open_card("emu://") as card:
+        target = OnnxTarget(tiny / "tiny.img", positions=64)
+        with pytest.raises(InvalidArgumentError, match="max_k"):
+            SpeculativeDecoder(card, target, max_k=-3)
+        started = time.monotonic()
+        with pytest.raises(InvalidArgumentError, match="one frame"):
+            card.ping(bytes(card.info().max_payload + 1))
+        assert time.monotonic() - started < 1  # refused here, not found by the timeout

@@ -7,46 +7,109 @@ from every n-gram to the position after its latest occurrence, updated as tokens
 so a round costs O(new tokens x n range) whatever the context length. A rollback rebuilds the
 index (O(length)): rollbacks are rare, rounds are not.
 
+The index holds positions only, as hash chains over the context (as zlib's matcher does): per
+n, ``head[hash(n-gram) mod M]`` is the latest position after an n-gram of that hash and
+``prev[j]`` the one before position j in the same chain; a lookup walks the chain, comparing
+the context itself, to the latest position after exactly that n-gram. That is one 32-bit
+integer per position and n, plus the head table (M between 2 and 4 times the length, rebuilt
+when the text outgrows it): about 40 bytes per token for n = 2..4, where a dictionary of n-gram
+keys took about 460.
+
 When the match runs into the text being matched (a repeating pattern), the draft repeats the
 pattern: proposed token i is the token at match + i of context + draft.
 """
 
 from __future__ import annotations
 
+from array import array
+
 from exstill_sdk.errors import InvalidArgumentError
 
 from .base import ContextState, DraftEngine, Proposal, Sampling
+
+Entries = list[tuple[int, bytes]]
+"""Per n: (position j, the n-gram before j) to index."""
+
+
+class _Chains:
+    """Positions after each n-gram of one n, as hash chains over the context."""
+
+    __slots__ = ("head", "n", "prev", "width")
+
+    def __init__(self, n: int) -> None:
+        self.n, self.width = n, 4 * n
+        self.head = array("i", [-1]) * 64
+        self.prev = array("i", [-1]) * n  # positions below n follow no n-gram
+
+    def add(self, entries: Entries, context: bytearray) -> None:
+        """Index (j, n-gram before j) pairs: the positions right after those indexed so far."""
+        if entries and entries[-1][0] >= len(self.head):  # keep chains short: grow with the text
+            self._rebuild(2 * (entries[-1][0] + 1), entries[0][0], context)
+        head, prev, mask = self.head, self.prev, len(self.head) - 1
+        for j, key in entries:
+            h = hash(key) & mask
+            prev.append(head[h])  # prev[j]
+            head[h] = j
+
+    def _rebuild(self, size: int, upto: int, context: bytearray) -> None:
+        """A head table of ``size`` over the positions before ``upto``."""
+        size = 1 << (size - 1).bit_length()
+        head, prev, mask, w = array("i", [-1]) * size, self.prev, size - 1, self.width
+        for j in range(self.n, upto):
+            h = hash(bytes(context[4 * j - w : 4 * j])) & mask
+            prev[j] = head[h]
+            head[h] = j
+        self.head = head
+
+    def find(self, key: bytes, context: bytearray) -> int | None:
+        """The latest indexed position right after ``key``."""
+        prev, w = self.prev, self.width
+        j = self.head[hash(key) & (len(self.head) - 1)]
+        while j >= 0:
+            if context[4 * j - w : 4 * j] == key:
+                return j
+            j = prev[j]
+        return None
 
 
 class LookupState(ContextState):
     def __init__(self, min_n: int, max_n: int) -> None:
         super().__init__()
-        self.min_n = min_n
         self.max_n = max_n
-        self._widths = tuple(4 * n for n in range(min_n, max_n + 1))
-        self.index: dict[bytes, int] = {}
+        self._chains = [_Chains(n) for n in range(min_n, max_n + 1)]
 
-    def _entries(self, window: bytes, base: int, start: int, end: int) -> list[tuple[bytes, int]]:
-        """Index entries (the n-gram before position j -> j) for positions start..end-1;
-        ``window`` holds the tokens from position ``base`` on."""
-        out: list[tuple[bytes, int]] = []
-        for w in self._widths:
-            first = max(start, w >> 2)  # the n-gram before position j needs j >= n
-            if first < end:
-                offsets = range(4 * (first - base), 4 * (end - base), 4)
-                # In order of j, so that each n-gram keeps its latest position.
-                out += zip([window[o - w : o] for o in offsets], range(first, end), strict=True)
+    @property
+    def index(self) -> tuple[tuple[array, array], ...]:
+        """Per n (min_n first): the chains' head table and the position links."""
+        return tuple((c.head, c.prev) for c in self._chains)
+
+    @property
+    def indexed(self) -> int:
+        """Positions indexed, over all n."""
+        return sum(len(c.prev) - c.n for c in self._chains)
+
+    def _entries(self, window: bytes, base: int, start: int, end: int) -> list[Entries]:
+        """Per n, the entries (j, the n-gram before j) for positions start..end-1 (those with
+        j >= n); ``window`` holds the tokens from position ``base`` on."""
+        out = []
+        for c in self._chains:
+            first = max(start, c.n)
+            w = c.width
+            out.append(
+                [(j, window[4 * (j - base) - w : 4 * (j - base)]) for j in range(first, end)]
+            )
         return out
 
     def _extended(self, start: int, prepared: object = None) -> None:
+        end = len(self.context) >> 2
         if prepared is None:
             base = max(0, start - self.max_n)
-            window = bytes(self.context[4 * base :])
-            prepared = self._entries(window, base, start, len(self.context) >> 2)
-        self.index.update(prepared)  # type: ignore[call-overload]
+            prepared = self._entries(bytes(self.context[4 * base :]), base, start, end)
+        for chains, entries in zip(self._chains, prepared, strict=True):  # type: ignore[call-overload]
+            chains.add(entries, self.context)
 
     def _truncated(self, length: int) -> None:
-        self.index = {}
+        self._chains = [_Chains(c.n) for c in self._chains]
         self._extended(0)
 
     def propose(self, k: int, branch: bytes = b"") -> Proposal:
@@ -57,11 +120,10 @@ class LookupState(ContextState):
         # Drafting ahead on a branch also prepares the index entries that committing exactly
         # that branch adds, so that a prefetch hit commits without recomputing them.
         prepared = self._entries(tail, base, n_ctx, n_ctx + (len(branch) >> 2)) if branch else None
-        index = self.index
-        for w in reversed(self._widths):
-            if len(tail) < w:
+        for c in reversed(self._chains):
+            if len(tail) < c.width:
                 continue
-            j = index.get(tail[len(tail) - w :])
+            j = c.find(tail[len(tail) - c.width :], ctx)
             if j is not None:
                 break
         else:

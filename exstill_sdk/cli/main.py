@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--runs",
         type=_positive,
-        help="timed runs of each way, alternating (default 3 for large, 11 for small)",
+        help="timed runs of each way, alternating (default 3 for large, 21 for small)",
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     return p

@@ -24,7 +24,7 @@ from exstill_sdk.errors import ExstillError, UnknownModelError
 
 DEFAULT_PROMPT = 'def read_config(path):\n    """Read a configuration file and return a dict."""\n'
 MAX_K = 8
-DEFAULT_RUNS = {"large": 3, "small": 11}
+DEFAULT_RUNS = {"large": 3, "small": 21}
 
 
 @dataclass
@@ -69,7 +69,7 @@ def run_demo(
     progress: bool = False,
 ) -> DemoResult:
     """Generate ``max_new_tokens`` greedily with the target alone and speculatively, ``runs``
-    times each, alternating (default: 3 for the large target, 11 for the small one, whose runs
+    times each, alternating (default: 3 for the large target, 21 for the small one, whose runs
     last a tenth of a second each, too short for three to give a steady median on a shared
     machine). ``on_text`` receives the continuation as the target accepts it, in a first
     (untimed) speculative run."""

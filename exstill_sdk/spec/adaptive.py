@@ -27,8 +27,10 @@ formula still ranks the K not measured lately, scaled by how far it was off for 
 measured most.
 
 Exploration: every 8th round K*+1, so that positions beyond K* keep being measured; four rounds
-later K*-1, or K = 0 while the target alone has not been measured in the last 64 rounds and
-drafting does not already promise twice its rate (it is the baseline every other K must beat).
+later K*-1, or two rounds at K = 0 while the target alone has not been measured in the last 64
+rounds and drafting does not already promise twice its rate (it is the baseline every other K
+must beat; only the second round counts, as the card may still be drafting ahead beside the
+first, and on this kind of machine card and target share the last-level cache).
 
 K* = 0 means drafting does not pay at these costs: the round is the target's plain step with no
 card round at all (the decoder brings the card up to date when K* turns positive again). Such a
@@ -162,7 +164,8 @@ class AdaptiveK(KPolicy):
         self._mean[n] += (verify_s - self._mean[n]) * weight
         self._round_mean[k] += (verify_s + other_s - self._round_mean[k]) * weight
         if not k:
-            self._done(0, 1.0, verify_s + other_s)
+            if self._last_k == 0:  # the card idle since the round before: no draft beside it
+                self._done(0, 1.0, verify_s + other_s)
         elif self._wait is not None and self._wait[0] == k and self._last_k == k:
             # a steady round: the card drafted ahead for this K (a first round at a new K
             # finds no draft ahead of that length, which says nothing of staying at it)
@@ -291,9 +294,11 @@ class AdaptiveK(KPolicy):
         phase = self.rounds % self.EXPLORE_EVERY
         if phase == 0:
             return min(best + 1, max_k)
-        if phase == self.EXPLORE_EVERY // 2:
-            if self._target_alone_in_doubt(best):
-                self._done_count[0] = min(self._done_count[0], MEASURED_ROUNDS)  # weigh new more
-                return 0
+        half = self.EXPLORE_EVERY // 2
+        if phase in (half, half + 1) and self._target_alone_in_doubt(best):
+            # two rounds of the target alone: the second is measured, with the card quiet
+            self._done_count[0] = min(self._done_count[0], MEASURED_ROUNDS)  # weigh new more
+            return 0
+        if phase == half:
             return best - 1
         return best

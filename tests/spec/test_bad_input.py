@@ -6,7 +6,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -202,7 +201,6 @@ def test_arguments_out_of_range_are_typed_errors(tiny: Path) -> None:
         target = OnnxTarget(tiny / "tiny.img", positions=64)
         with pytest.raises(InvalidArgumentError, match="max_k"):
             SpeculativeDecoder(card, target, max_k=-3)
-        started = time.monotonic()
+        # refused here: sent, the card would drop it and the call end in LinkTimeoutError
         with pytest.raises(InvalidArgumentError, match="one frame"):
             card.ping(bytes(card.info().max_payload + 1))
-        assert time.monotonic() - started < 1  # refused here, not found by the timeout

@@ -16,10 +16,12 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
 from zlib import crc32
 
+from exstill_sdk.auth import answer, load_admin_key
 from exstill_sdk.errors import (
     DeviceLostError,
     ExstillError,
@@ -93,9 +95,16 @@ class Card:
     """A connected card. Use as a context manager, or call ``close``."""
 
     def __init__(
-        self, transport: Transport, timeout: float = DEFAULT_TIMEOUT, client: str = "exstill-sdk"
+        self,
+        transport: Transport,
+        timeout: float = DEFAULT_TIMEOUT,
+        client: str = "exstill-sdk",
+        key: bytes | None = None,
     ) -> None:
+        """``key``: the card's admin key (exstill_sdk.auth.load_admin_key); the session proves
+        it right after the handshake, so that image-store requests over a network link pass."""
         self._transport = transport
+        self._key = key
         self.timeout = timeout
         self._rids = itertools.count(1)
         self._send_lock = threading.Lock()
@@ -111,6 +120,7 @@ class Card:
         self._streams: weakref.WeakSet[DraftStream] = weakref.WeakSet()
         try:
             self._info = self._hello(client)
+            self._authenticate()
         except BaseException:
             transport.close()
             raise
@@ -381,6 +391,13 @@ class Card:
         self._done.clear()
         self._closed = False
         self._info = self._hello(self._client)
+        self._authenticate()
+
+    def _authenticate(self) -> None:
+        """Prove the admin key, if this Card has one: a fresh challenge, answered once."""
+        if self._key is not None:
+            nonce = self._request(Opcode.AUTH_CHALLENGE)
+            self._request(Opcode.AUTH, answer(self._key, nonce))
 
     def close(self) -> None:
         if not self._closed:
@@ -590,14 +607,21 @@ class DraftStream:
         self.close()
 
 
-def open_card(url: str = "emu://", timeout: float = DEFAULT_TIMEOUT, trace: bool = False) -> Card:
+def open_card(
+    url: str = "emu://",
+    timeout: float = DEFAULT_TIMEOUT,
+    trace: bool = False,
+    key: str | Path | bytes | None = None,
+) -> Card:
     """Connect to the card a URL names and shake hands.
 
     ``emu://`` runs the card runtime in this process; ``tcp://HOST:PORT`` reaches a card server
     such as ``exstill-emu``. ``trace=True`` logs every frame, decoded, to the
-    ``exstill_sdk.trace`` logger at DEBUG level.
+    ``exstill_sdk.trace`` logger at DEBUG level. ``key``: the card's admin key (a key file's
+    path, or its bytes), which a network link needs for image-store requests.
     """
+    secret = None if key is None else load_admin_key(key)
     transport = open_transport(url, timeout)
     if trace:
         transport = TracingTransport(transport)
-    return Card(transport, timeout)
+    return Card(transport, timeout, key=secret)

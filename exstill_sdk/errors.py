@@ -91,6 +91,14 @@ class StoreFullError(ExstillError):
     code = ErrorCode.STORE_FULL
 
 
+class NotAuthorizedError(ExstillError):
+    """The card wants proof of its admin key for this request (image-store operations on a
+    network link, or any request from beyond loopback): pass the key file (exstill-flash --key,
+    open_card(url, key=...)); a wrong key is refused the same way."""
+
+    code = ErrorCode.NOT_AUTHORIZED
+
+
 class StoreError(ExstillError):
     """The card's image store itself is unreadable (its journal is not one); the message names
     the file and what to do."""
@@ -177,6 +185,7 @@ _CLASS_FOR_CODE: dict[int, type[ExstillError]] = {
     ErrorCode.STORE_FULL: StoreFullError,
     ErrorCode.DOWNGRADE_REFUSED: DowngradeRefusedError,
     ErrorCode.BAD_CHUNK: ChunkError,
+    ErrorCode.NOT_AUTHORIZED: NotAuthorizedError,
     ErrorCode.TIMEOUT: LinkTimeoutError,
     ErrorCode.LINK: TransportError,
     ErrorCode.DEVICE_NOT_FOUND: DeviceNotFoundError,

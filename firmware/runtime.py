@@ -10,23 +10,29 @@ drafts ahead in the background between them.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Iterable
 from zlib import crc32
 
 import numpy as np
 
+from exstill_sdk.auth import answer
 from exstill_sdk.errors import (
     ContextFullError,
     ExstillError,
     InvalidArgumentError,
+    NotAuthorizedError,
     ProtocolError,
     UnknownModelError,
 )
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import (
+    ADMIN_OPCODES,
+    AUTH_NONCE_SIZE,
     CRC_SIZE,
     FRAME_OVERHEAD,
     HEADER_SIZE,
@@ -49,7 +55,7 @@ from .engines import DraftEngine, LookupEngine, Sampling
 from .flashing import StoreService, transformer_factory
 from .prefetch import Prefetcher
 from .store import Store
-from .streams import Session, Stream, StreamTable
+from .streams import LOCAL, NETWORK, REMOTE, Session, Stream, StreamTable
 from .telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,11 @@ MAX_K_LIMIT = 64
 Handler = Callable[[Session, int, bytes], bytes]
 DRAFT_HEAD = m.DRAFT_REPLY_HEAD
 COMMIT = m.COMMIT_REQUEST
+_GUARDED = {
+    NETWORK: ADMIN_OPCODES,
+    REMOTE: frozenset(Opcode) - {Opcode.HELLO, Opcode.PING, Opcode.AUTH_CHALLENGE, Opcode.AUTH},
+}
+"""Per link kind, the requests that need an authenticated session."""
 _STREAM_OPS = frozenset(
     {Opcode.OPEN, Opcode.CLOSE, Opcode.PREFILL, Opcode.DRAFT, Opcode.COMMIT, Opcode.ROLLBACK}
     | {op for op in Opcode if 0x20 <= op <= 0x2F}  # the image store's requests too
@@ -79,10 +90,13 @@ class CardRuntime:
         background_prefetch: bool = True,
         store: Store | None = None,
         threads: int = 0,
+        admin_key: bytes | None = None,
     ) -> None:
         """``prefetch`` drafts ahead between rounds; with ``background_prefetch`` a worker
         thread does it, otherwise the serving loop calls ``run_prefetch`` when idle.
-        ``threads``: compute threads of the transformer engines made for flashed images."""
+        ``threads``: compute threads of the transformer engines made for flashed images.
+        ``admin_key``: the secret a network session must prove (AUTH) before administration;
+        without one, network sessions cannot administer the card at all."""
         if not 16 <= context <= 1 << 24:
             raise ValueError(f"context per slot must be 16..{1 << 24} tokens, not {context}")
         if not 1 <= max_k <= MAX_K_LIMIT:
@@ -107,6 +121,9 @@ class CardRuntime:
             Opcode.COMMIT: self._commit,
             Opcode.ROLLBACK: self._rollback,
         }
+        self.admin_key = admin_key
+        self._handlers[Opcode.AUTH_CHALLENGE] = self._auth_challenge
+        self._handlers[Opcode.AUTH] = self._auth
         self.store = None
         if store is not None:
             self.store = StoreService(self, store, transformer_factory(slots, context, threads))
@@ -114,8 +131,8 @@ class CardRuntime:
 
     # ------------------------------------------------------------ sessions and frames
 
-    def open_session(self, name: str = "") -> Session:
-        return Session(name)
+    def open_session(self, name: str = "", link: str = LOCAL) -> Session:
+        return Session(name, link)
 
     def close_session(self, session: Session) -> None:
         """A connection went away: free every stream it held."""
@@ -163,6 +180,9 @@ class CardRuntime:
                     raise ProtocolError(
                         "send HELLO before using streams", ErrorCode.HANDSHAKE_REQUIRED
                     )
+                if session.link != LOCAL and not session.admin and op in _GUARDED[session.link]:
+                    t.admin_refused += 1
+                    raise NotAuthorizedError(self._refusal(op, session))
                 payload = handler(session, handle, frame[HEADER_SIZE : n - CRC_SIZE])
             except ExstillError as exc:
                 return self._error(rid, handle, exc.code, exc.message)
@@ -173,6 +193,41 @@ class CardRuntime:
                 HEADER.pack(PROTOCOL_VERSION, op | RESPONSE_BIT, rid, handle, len(payload))
                 + payload
             )
+
+    def _refusal(self, op: int, session: Session) -> str:
+        what = "administration" if op in ADMIN_OPCODES else "a request from another host"
+        if self.admin_key is None:
+            return (
+                f"this card takes no {what} over the network: it has no admin key (start the "
+                "emulator with --admin-key FILE)"
+            )
+        return f"{what} needs the card's admin key: pass it (exstill-flash --key FILE)"
+
+    def _auth_challenge(self, session: Session, handle: int, payload: bytes) -> bytes:
+        if payload:
+            raise ProtocolError("AUTH_CHALLENGE takes no payload")
+        session.nonce = os.urandom(AUTH_NONCE_SIZE)
+        return session.nonce
+
+    def _auth(self, session: Session, handle: int, payload: bytes) -> bytes:
+        """Check the answer to this session's challenge: HMAC-SHA256 under the admin key of
+        AUTH_CONTEXT + nonce. The nonce is used once, right or wrong, so a recorded answer
+        proves nothing on another connection or a second time."""
+        nonce, session.nonce = session.nonce, None
+        if len(payload) != AUTH_NONCE_SIZE:
+            raise ProtocolError(f"AUTH carries {AUTH_NONCE_SIZE} bytes, not {len(payload)}")
+        if nonce is None or self.admin_key is None:
+            self.telemetry.admin_refused += 1
+            raise NotAuthorizedError(
+                "no admin key on this card"
+                if self.admin_key is None
+                else "ask AUTH_CHALLENGE first"
+            )
+        if not hmac.compare_digest(answer(self.admin_key, nonce), payload):
+            self.telemetry.admin_refused += 1
+            raise NotAuthorizedError("wrong admin key: this card was started with another one")
+        session.admin = True
+        return b""
 
     def refusal(self, frame: bytes, code: int, message: str) -> bytes:
         """An ERROR reply to ``frame`` (its request id echoed) without serving it: how a

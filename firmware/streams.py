@@ -20,16 +20,28 @@ if TYPE_CHECKING:
 MAX_SLOTS = 255
 
 
+LOCAL, NETWORK, REMOTE = "local", "network", "remote"
+"""Who may be at the other end of a link. LOCAL: USB, serial, in process; the operating
+system's permissions decide who opens the device. NETWORK: a loopback TCP connection;
+administration needs the admin key. REMOTE: TCP from another host; every request but HELLO,
+PING and the AUTH exchange needs the admin key."""
+
+
 class Session:
     """One client connection's view of the card."""
 
-    __slots__ = ("handles", "name", "version")
+    __slots__ = ("admin", "handles", "link", "name", "nonce", "version")
 
-    def __init__(self, name: str = "") -> None:
+    def __init__(self, name: str = "", link: str = LOCAL) -> None:
         self.name = name
+        self.link = link
         self.version: int | None = None
         """Negotiated protocol version; None until HELLO."""
         self.handles: set[int] = set()
+        self.admin = False
+        """The session proved the card's admin key (AUTH)."""
+        self.nonce: bytes | None = None
+        """The challenge the card sent and has not seen answered yet (used once)."""
 
 
 class Stream:

@@ -12,6 +12,7 @@ WIRE_ERRORS = [c for c in ErrorCode if c < 0x100]
 class Telemetry:
     __slots__ = (
         "accepted_tokens",
+        "admin_refused",
         "draft_tokens",
         "drafts",
         "errors",
@@ -38,6 +39,8 @@ class Telemetry:
         self.prefetch_misses = 0
         self.prefetch_late = 0
         self.streams_opened = 0
+        self.admin_refused = 0
+        """Requests refused for want of the admin key (NOT_AUTHORIZED), AUTH failures included."""
         self.images_set_aside = 0
         """Stored images the card would not serve at boot (damaged, or not loadable)."""
         self.errors: dict[int, int] = dict.fromkeys(WIRE_ERRORS, 0)
@@ -57,6 +60,7 @@ class Telemetry:
             "streams_open": streams_open,
             "streams_opened": self.streams_opened,
             "images_set_aside": self.images_set_aside,
+            "admin_refused": self.admin_refused,
         }
         out.update({f"errors.{ErrorCode(c).name.lower()}": n for c, n in self.errors.items()})
         return out

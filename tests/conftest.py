@@ -47,3 +47,11 @@ def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ.pop("XDG_CACHE_HOME", None)
         else:
             os.environ["XDG_CACHE_HOME"] = before
+
+
+@pytest.fixture(scope="session")
+def admin_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An admin key file (exstill-emu --admin-key, exstill-flash --key, open_card(key=))."""
+    from exstill_sdk.auth import generate_admin_key
+
+    return generate_admin_key(tmp_path_factory.mktemp("keys") / "admin.key")

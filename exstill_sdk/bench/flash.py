@@ -29,11 +29,11 @@ def _image(root: Path, size_mb: int) -> Path:
     return path
 
 
-def run(url: str, size_mb: int = 256) -> dict[str, Any]:
+def run(url: str, size_mb: int = 256, key: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="exstill-bench-flash-") as tmp:
         image = _image(Path(tmp), size_mb)
         size = image.stat().st_size
-        with open_card(url, timeout=60) as card:
+        with open_card(url, timeout=60, key=key) as card:
             first = flash(card, image, target="bench-a", allow_downgrade=True, health_check=False)
             cut = [size // 2]
 

@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
     fl.add_argument("--url", required=True, help="a card with an image store")
     fl.add_argument("--size-mb", type=int, default=256, help="image size (default 256 MB)")
+    fl.add_argument("--key", metavar="FILE", help="the card's admin key (tcp:// needs it)")
     fl.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.bench == "flash":
             from exstill_sdk.bench import flash
 
-            result = flash.run(args.url, args.size_mb)
+            result = flash.run(args.url, args.size_mb, args.key)
         elif args.bench == "spec":
             from exstill_sdk.bench import spec
 

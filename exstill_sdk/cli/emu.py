@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import signal
 import sys
 from urllib.parse import urlsplit
 
+from exstill_sdk.auth import load_admin_key
 from exstill_sdk.errors import ExstillError
 
 
@@ -63,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-k", type=int, default=16, help="largest K a stream may ask for")
     p.add_argument(
+        "--admin-key",
+        metavar="FILE",
+        help="the secret a TCP client must prove (HMAC of a fresh nonce) before it may change "
+        "the image store; without it, TCP clients cannot (make one: exstill-flash --new-key)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve clients on other hosts without the admin key (drafting only); by default a "
+        "non-loopback --listen needs --admin-key",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=64,
@@ -72,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the first line as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="log connections to stderr")
     return p
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if listen.scheme != "tcp" or not listen.hostname or listen.port is None:
             raise ExstillError(f"--listen wants tcp://HOST:PORT, not {args.listen!r}")
+        admin_key = load_admin_key(args.admin_key) if args.admin_key else None
+        if not args.serial and not _loopback(listen.hostname) and not (admin_key or args.insecure):
+            raise ExstillError(
+                f"--listen {args.listen} lets other hosts reach the card, and without an admin "
+                "key anyone who can connect could use it: give --admin-key FILE (make one with "
+                "exstill-flash --new-key FILE), or --insecure to serve drafting to anyone"
+            )
         engines = build_engines(
             args.engine or ["lookup"],
             args.image,
@@ -118,11 +148,18 @@ def main(argv: list[str] | None = None) -> int:
             prefetch=not args.no_prefetch,
             background_prefetch=False,
             threads=args.threads,
+            admin_key=admin_key,
         )
         server: TcpCardServer | PtyCardServer = (
             PtyCardServer(runtime)
             if args.serial
-            else TcpCardServer(runtime, listen.hostname, listen.port, args.max_connections)
+            else TcpCardServer(
+                runtime,
+                listen.hostname,
+                listen.port,
+                args.max_connections,
+                remote_needs_key=not args.insecure,
+            )
         )
     except (ExstillError, ValueError, OSError) as exc:
         print(f"exstill-emu: {exc}", file=sys.stderr)

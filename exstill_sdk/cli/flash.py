@@ -17,6 +17,7 @@ from exstill_sdk.errors import (
     DowngradeRefusedError,
     ExstillError,
     ImageError,
+    NotAuthorizedError,
     StoreFullError,
 )
 from exstill_sdk.protocol.constants import ImageState
@@ -30,7 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the card's images.",
     )
     p.add_argument("image", nargs="?", help="card image to flash (made by exstill-pack)")
-    p.add_argument("--url", required=True, help="the card (usb://, serial://, tcp://, emu://)")
+    p.add_argument("--url", help="the card (usb://, serial://, tcp://, emu://)")
+    p.add_argument(
+        "--key",
+        metavar="FILE",
+        help="the card's admin key: a network link (tcp://) needs it to change the card's images",
+    )
+    p.add_argument(
+        "--new-key",
+        metavar="FILE",
+        help="make a new admin key in FILE (mode 0600; never printed) for exstill-emu "
+        "--admin-key and exstill-flash --key, then exit",
+    )
     p.add_argument("--target", help="target name on the card (default: the image's)")
     p.add_argument(
         "--no-confirm",
@@ -54,6 +66,8 @@ def _hint(exc: ExstillError) -> str:
         return ""
     if isinstance(exc, ImageError):
         return " (the card keeps its current image)"
+    if isinstance(exc, NotAuthorizedError):
+        return " (it changed nothing)"
     return ""
 
 
@@ -62,15 +76,27 @@ def main(argv: list[str] | None = None) -> int:
     from exstill_sdk.card import open_card
     from exstill_sdk.flash import flash
 
+    if args.new_key:
+        from exstill_sdk.auth import generate_admin_key
+
+        try:
+            path = generate_admin_key(args.new_key)
+        except ExstillError as exc:
+            print(f"exstill-flash: {exc.message}", file=sys.stderr)
+            return 2
+        done = {"admin_key": str(path), "mode": "0600"}
+        print(json.dumps(done) if args.json else f"wrote a new admin key to {path} (mode 0600)")
+        return 0
     actions = [bool(args.image), args.list, bool(args.rollback), bool(args.erase)]
-    if sum(actions) != 1:
+    if sum(actions) != 1 or not args.url:
         print(
-            "exstill-flash: give an IMAGE, or one of --list, --rollback, --erase", file=sys.stderr
+            "exstill-flash: give --url and an IMAGE, or one of --list, --rollback, --erase",
+            file=sys.stderr,
         )
         return 2
     result: dict[str, Any]
     try:
-        with open_card(args.url, timeout=30) as card:
+        with open_card(args.url, timeout=30, key=args.key) as card:
             if args.list:
                 result = {
                     "images": [

@@ -20,15 +20,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list cards")
     p.add_argument("--url", action="append", default=[], help="a card URL (repeatable with --list)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    p.add_argument(
+        "--key", metavar="FILE", help="the card's admin key (a card reached from another host)"
+    )
     p.add_argument("--iterations", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="JSON output (one object per refresh)")
     return p
 
 
-def snapshot(url: str) -> dict[str, Any]:
+def snapshot(url: str, key: str | None = None) -> dict[str, Any]:
     from exstill_sdk.card import open_card
 
-    with open_card(url, timeout=3) as card:
+    with open_card(url, timeout=3, key=key) as card:
         info, stats = card.info(), card.stats()
     return {
         "url": url,
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         count = 0
         while True:
-            s = snapshot(args.url[0])
+            s = snapshot(args.url[0], args.key)
             if args.json:
                 print(json.dumps(s), flush=True)
             else:

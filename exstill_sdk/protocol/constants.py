@@ -43,6 +43,8 @@ class Opcode(IntEnum):
     REVERT = 0x25
     LIST_IMAGES = 0x26
     ERASE = 0x27
+    AUTH_CHALLENGE = 0x28
+    AUTH = 0x29
     ERROR = 0xFF
     """Response-only: a typed error for the request with the same request id."""
 
@@ -67,6 +69,7 @@ class ErrorCode(IntEnum):
     STORE_FULL = 0x0F
     DOWNGRADE_REFUSED = 0x10
     BAD_CHUNK = 0x11
+    NOT_AUTHORIZED = 0x12
     # Host side only: never sent on the wire.
     TIMEOUT = 0x100
     LINK = 0x101
@@ -103,6 +106,25 @@ class DraftFlags(IntFlag):
     NONE = 0
     PREFETCH_HIT = 0x01
     HAS_DIST = 0x02
+
+
+AUTH_NONCE_SIZE = 32
+"""Bytes of the card's challenge, and of the host's HMAC-SHA256 answer."""
+AUTH_CONTEXT = b"exstill-admin-v1\0"
+"""What the answer's HMAC covers before the nonce: it proves the key for this purpose only."""
+ADMIN_OPCODES = frozenset(
+    {
+        Opcode.UPLOAD_BEGIN,
+        Opcode.UPLOAD_CHUNK,
+        Opcode.UPLOAD_END,
+        Opcode.ACTIVATE,
+        Opcode.CONFIRM,
+        Opcode.REVERT,
+        Opcode.ERASE,
+    }
+)
+"""Administration: what changes the image store. On a network link it needs a session that
+proved the card's admin key (AUTH)."""
 
 
 class Features(IntFlag):

@@ -11,6 +11,7 @@ disconnects, even mid-frame, loses its streams and nothing else.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import threading
@@ -21,6 +22,7 @@ from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
 
 from ..runtime import CardRuntime
 from ..store import PowerCut
+from ..streams import NETWORK, REMOTE
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,15 @@ class TcpCardServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_connections: int = MAX_CONNECTIONS,
+        remote_needs_key: bool = True,
     ) -> None:
+        """``remote_needs_key``: a client on another host must prove the runtime's admin key
+        for every request (False: for administration only, as on loopback)."""
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.runtime = runtime
         self.max_connections = max_connections
+        self.remote_needs_key = remote_needs_key
         self.refused = 0
         """Connections turned away because max_connections were being served."""
         self._listener = socket.create_server((host, port))
@@ -131,7 +137,10 @@ class TcpCardServer:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(SEND_TIMEOUT)
         runtime = self.runtime
-        session = runtime.open_session(peer)
+        host = sock.getpeername()[0]
+        local = ipaddress.ip_address(host.split("%")[0]).is_loopback
+        link = REMOTE if self.remote_needs_key and not local else NETWORK
+        session = runtime.open_session(peer, link)
         deframer = Deframer()
         buffer = bytearray(1 << 16)
         why = "disconnected"

@@ -103,7 +103,8 @@ def test_corrupted_chunks_are_detected_and_resent(images, tmp_path: Path) -> Non
 
 
 def test_dropped_links_resume(images, tmp_path: Path) -> None:
-    runtime = CardRuntime(4, 256, store=Store(tmp_path), background_prefetch=False)
+    key = b"k" * 32
+    runtime = CardRuntime(4, 256, store=Store(tmp_path), background_prefetch=False, admin_key=key)
     server = TcpCardServer(runtime)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -112,7 +113,7 @@ def test_dropped_links_resume(images, tmp_path: Path) -> None:
         for trial in range(6):
             size = images["2"].stat().st_size
             cut_at = {rng.randrange(1, size)}
-            with open_card(server.url) as card:
+            with open_card(server.url, key=key) as card:
                 if trial % 2:
                     card.erase("tiny") if card.list_images() else None
 

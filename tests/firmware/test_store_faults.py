@@ -159,13 +159,13 @@ def test_a_damaged_serving_image_is_set_aside_for_the_other_slot(images, tmp_pat
     assert serving_version(tmp_path) == "1"
 
 
-def test_with_every_image_damaged_the_card_still_serves_the_rest(images, tmp_path):
+def test_with_every_image_damaged_the_card_still_serves_the_rest(images, tmp_path, admin_key):
     v1_v2(images, tmp_path)
     _damage(tmp_path / "tiny" / "a.img", "truncated")
     _damage(tmp_path / "tiny" / "b.img", "bit flip")
-    proc, url = start_emu("--store", str(tmp_path))  # it used to exit 2 here
+    proc, url = start_emu("--store", str(tmp_path), "--admin-key", str(admin_key))  # exited 2
     try:
-        with open_card(url) as card:
+        with open_card(url, key=admin_key) as card:
             assert "tiny" not in {t.name for t in card.info().targets}
             assert card.stats()["images_set_aside"] == 2
             with card.open_stream("lookup") as s:

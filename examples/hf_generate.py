@@ -13,16 +13,26 @@ card image packed for the same tokenizer (exstill-pack DRAFT_DIR -o DRAFT.img --
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
-import torch
-import transformers as tf
+try:
+    import torch
+    import transformers as tf
+except ModuleNotFoundError as missing:
+    print(
+        f"examples/hf_generate.py needs {missing.name}: pip install torch==2.13.0 "
+        "'exstill-sdk[hf]' (torch first, so that pip does not pull a CUDA build)",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 from exstill_sdk import open_card
 from exstill_sdk.adapters.hf import HFTarget
+from exstill_sdk.image import open_image
 from exstill_sdk.image.pack import pack_checkpoint
-from exstill_sdk.spec import SamplingParams, SpeculativeDecoder
+from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder
 
 
 def tiny_model(directory: Path) -> Path:
@@ -76,9 +86,17 @@ def main() -> None:
     model = tf.AutoModelForCausalLM.from_pretrained(model_dir)
     prompt = tokenizer(args.prompt)["input_ids"]
 
+    with open_image(draft) as image:
+        name = image.target  # the card serves this image under its target name
     url = args.url or f"emu://?image={draft}&context=1024"
     with open_card(url) as card:
-        name = card.info().targets[0].name
+        if name not in {t.name for t in card.info().targets}:
+            print(
+                f"{url} has no target {name!r} (the draft image's); flash it with: "
+                f"exstill-flash {draft} --url {url}",
+                file=sys.stderr,
+            )
+            sys.exit(1)
         decoder = SpeculativeDecoder(
             card,
             HFTarget(model, tokenizer),

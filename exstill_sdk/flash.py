@@ -42,12 +42,14 @@ class FlashResult:
     target: str
     version: str
     size: int
-    digest: str
+    file_sha256: str
+    """SHA-256 of the whole image file, as the card's image list shows it."""
     bytes_sent: int
     resent_bytes: int
     """Bytes sent more than once (after a dropped link or a corrupted chunk)."""
     resumed_from: list[int]
-    """The offsets later attempts started from."""
+    """The offsets uploads resumed from: the card's offset when it already held part of this
+    image (an earlier, interrupted flash), then one per reconnect."""
     upload_s: float
     confirmed: bool
 
@@ -88,7 +90,7 @@ def upload(
             try:
                 offset, max_chunk = card.upload_begin(req)
                 max_chunk = min(max_chunk, chunk_size or max_chunk)
-                if attempt:
+                if attempt or offset:
                     resumed.append(offset)
                 inflight: deque[tuple[int, int]] = deque()
                 pos = offset

@@ -4,9 +4,8 @@ Transport-independent: ``CardRuntime.handle`` takes frame bytes and returns fram
 same code runs behind every emulated link (in-process, TCP) and is what a card would run.
 """
 
-__version__ = "0.1.0"
-
 from .runtime import CardRuntime
 from .streams import Session
+from .version import __version__
 
 __all__ = ["CardRuntime", "Session", "__version__"]

@@ -16,9 +16,9 @@ from exstill_sdk.protocol.constants import MAX_PAYLOAD, Opcode
 
 from .engines import DraftEngine
 from .store import SLOTS, Store
+from .telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from .runtime import CardRuntime
     from .streams import Session
 
 MAX_CHUNK = MAX_PAYLOAD - m.UPLOAD_CHUNK_HEAD.size
@@ -27,12 +27,18 @@ log = logging.getLogger(__name__)
 
 class StoreService:
     def __init__(
-        self, runtime: CardRuntime, store: Store, make_engine: Callable[[Path, str], DraftEngine]
+        self,
+        models: dict[str, DraftEngine],
+        telemetry: Telemetry,
+        store: Store,
+        make_engine: Callable[[Path, str], DraftEngine],
     ) -> None:
-        self.runtime = runtime
+        """``models``: the runtime's engines and targets by name, which this service changes
+        as images are activated, reverted and erased."""
+        self.models = models
         self.store = store
         self.make_engine = make_engine
-        self.builtin = frozenset(runtime.models)
+        self.builtin = frozenset(models)
         """The card's own engines: no stored target may take one of their names."""
         refused = 0
         for name, path in store.serving().items():
@@ -41,7 +47,7 @@ class StoreService:
                 refused += 1
                 continue
             self._boot_serve(name, path)
-        runtime.telemetry.images_set_aside = refused + sum(map(len, store.damaged.values()))
+        telemetry.images_set_aside = refused + sum(map(len, store.damaged.values()))
 
     def _boot_serve(self, name: str, path: Path | None) -> None:
         """Serve a target's image at boot; one that does not load is set aside for the other
@@ -56,9 +62,9 @@ class StoreService:
 
     def _serve(self, name: str, path: Path | None) -> None:
         if path is None:
-            self.runtime.models.pop(name, None)
+            self.models.pop(name, None)
         else:
-            self.runtime.models[name] = self.make_engine(path, name)
+            self.models[name] = self.make_engine(path, name)
 
     def handlers(self) -> dict[int, Callable[[Session, int, bytes], bytes]]:
         return {
@@ -125,7 +131,7 @@ class StoreService:
     def _erase(self, session: Session, handle: int, payload: bytes) -> bytes:
         name = m.decode_name(payload)
         self.store.erase(name)
-        self.runtime.models.pop(name, None)
+        self.models.pop(name, None)
         return b""
 
 

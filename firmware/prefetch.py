@@ -16,23 +16,10 @@ from __future__ import annotations
 
 import threading
 from queue import Empty, SimpleQueue
-from typing import NamedTuple
 
-from .streams import Stream
+from .streams import PrefetchResult, Stream
 
 Job = tuple[Stream, int, bytes, int]
-
-
-class PrefetchResult(NamedTuple):
-    version: int
-    """The stream version the branch was drafted from."""
-    branch: bytes
-    """The guessed committed tokens (draft + bonus guess, u32 LE) it drafted after."""
-    tokens: bytes
-    """Up to k+1 drafted tokens after the branch (the last one is the next guess)."""
-    dists: tuple | None
-    prepared: object
-    """The engine's work towards committing ``branch`` (Proposal.prepared)."""
 
 
 class Prefetcher:

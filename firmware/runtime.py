@@ -40,6 +40,7 @@ from exstill_sdk.protocol.constants import (
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     RESPONSE_BIT,
+    STORE_OPCODES,
     DraftFlags,
     ErrorCode,
     Features,
@@ -50,13 +51,13 @@ from exstill_sdk.protocol.constants import (
 )
 from exstill_sdk.protocol.frame import CRC, HEADER, seal
 
-from . import __version__
 from .engines import DraftEngine, LookupEngine, Sampling
 from .flashing import StoreService, transformer_factory
 from .prefetch import Prefetcher
 from .store import Store
 from .streams import LOCAL, NETWORK, REMOTE, Session, Stream, StreamTable
 from .telemetry import Telemetry
+from .version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,11 @@ class CardRuntime:
         ``admin_key``: the secret a network session must prove (AUTH) before administration;
         without one, network sessions cannot administer the card at all."""
         if not 16 <= context <= 1 << 24:
-            raise ValueError(f"context per slot must be 16..{1 << 24} tokens, not {context}")
+            raise InvalidArgumentError(
+                f"context per slot must be 16..{1 << 24} tokens, not {context}"
+            )
         if not 1 <= max_k <= MAX_K_LIMIT:
-            raise ValueError(f"max K must be 1..{MAX_K_LIMIT}, not {max_k}")
+            raise InvalidArgumentError(f"max K must be 1..{MAX_K_LIMIT}, not {max_k}")
         self.context = context
         self.max_k = max_k
         self.streams = StreamTable(slots)
@@ -126,7 +129,9 @@ class CardRuntime:
         self._handlers[Opcode.AUTH] = self._auth
         self.store = None
         if store is not None:
-            self.store = StoreService(self, store, transformer_factory(slots, context, threads))
+            self.store = StoreService(
+                self.models, self.telemetry, store, transformer_factory(slots, context, threads)
+            )
             self._handlers.update(self.store.handlers())
 
     # ------------------------------------------------------------ sessions and frames
@@ -175,7 +180,12 @@ class CardRuntime:
                     )
                 handler = self._handlers.get(op)
                 if handler is None:
-                    raise ProtocolError(f"unknown opcode 0x{op:02x}", ErrorCode.UNKNOWN_OPCODE)
+                    raise ProtocolError(
+                        "this card has no image store; start the emulator with --store DIR"
+                        if op in STORE_OPCODES
+                        else f"unknown opcode 0x{op:02x}",
+                        ErrorCode.UNKNOWN_OPCODE,
+                    )
                 if session.version is None and op in _STREAM_OPS:
                     raise ProtocolError(
                         "send HELLO before using streams", ErrorCode.HANDSHAKE_REQUIRED
@@ -261,7 +271,11 @@ class CardRuntime:
             for e in self.models.values()
             if e.kind == ModelKind.TARGET
         ]
-        features = Features.PIPELINING | (Features.PREFETCH if self.prefetcher else 0)
+        features = Features.PIPELINING
+        if self.prefetcher:
+            features |= Features.PREFETCH
+        if self.store is not None:
+            features |= Features.IMAGE_STORE
         return m.encode_hello_reply(
             m.HelloReply(
                 version=PROTOCOL_VERSION,

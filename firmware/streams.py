@@ -8,16 +8,25 @@ stream's handle or a guessed one is refused, never served.
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
-from exstill_sdk.errors import CardFullError, StreamHandleError
+from exstill_sdk.errors import CardFullError, InvalidArgumentError, StreamHandleError
 
 from .engines.base import DraftEngine, EngineState, Sampling
 
-if TYPE_CHECKING:
-    from .prefetch import PrefetchResult
-
 MAX_SLOTS = 255
+
+
+class PrefetchResult(NamedTuple):
+    version: int
+    """The stream version the branch was drafted from."""
+    branch: bytes
+    """The guessed committed tokens (draft + bonus guess, u32 LE) it drafted after."""
+    tokens: bytes
+    """Up to k+1 drafted tokens after the branch (the last one is the next guess)."""
+    dists: tuple | None
+    prepared: object
+    """The engine's work towards committing ``branch`` (Proposal.prepared)."""
 
 
 LOCAL, NETWORK, REMOTE = "local", "network", "remote"
@@ -114,7 +123,7 @@ class Stream:
 class StreamTable:
     def __init__(self, slots: int) -> None:
         if not 1 <= slots <= MAX_SLOTS:
-            raise ValueError(f"a card has 1..{MAX_SLOTS} stream slots, not {slots}")
+            raise InvalidArgumentError(f"a card has 1..{MAX_SLOTS} stream slots, not {slots}")
         self.slots: list[Stream | None] = [None] * slots
         self.by_handle: dict[int, Stream] = {}
 

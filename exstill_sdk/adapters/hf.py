@@ -5,14 +5,14 @@ generation is limited to batch 1.
 
 from __future__ import annotations
 
-import warnings
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
-from exstill_sdk.spec.adapter import TargetAdapter, common_prefix
+from exstill_sdk.speculative.adapter import TargetAdapter, common_prefix
 
 
 def _crop(cache: Any, length: int) -> None:
@@ -21,6 +21,14 @@ def _crop(cache: Any, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
+
+
+def cache_keyword(model: Any) -> str:
+    """The name of ``model.forward``'s KV cache argument: transformers 5.x calls it ``cache``
+    (``past_key_values`` is deprecated there and warns on every call); 4.45 up to those
+    releases know only ``past_key_values``."""
+    forward = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in forward else "past_key_values"
 
 
 class HFTarget(TargetAdapter):
@@ -35,6 +43,7 @@ class HFTarget(TargetAdapter):
         )
         self.tokenizer = fingerprint_hf_tokenizer(tokenizer) if tokenizer is not None else None
         self._caches: dict[int, tuple[Any, list[int]]] = {}
+        self._cache_argument = cache_keyword(model)
 
     def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
         import torch
@@ -47,10 +56,9 @@ class HFTarget(TargetAdapter):
         start = min(common_prefix(cached, tokens), len(context) - 1)
         _crop(cache, start)
         ids = torch.tensor([tokens[start:]], device=self.model.device)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # cache argument renames
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-        self._caches[seq_id] = (out.past_key_values, tokens)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, use_cache=True, **{self._cache_argument: cache})
+        self._caches[seq_id] = (cache, tokens)  # the model extends the cache in place
         return out.logits[0, -(len(draft) + 1) :].float().cpu().numpy()
 
     def rollback(self, seq_id: int, length: int) -> None:

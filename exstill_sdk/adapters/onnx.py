@@ -15,7 +15,7 @@ import numpy as np
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.image.onnx_runner import OnnxDecoder
 from exstill_sdk.image.reader import CardImage, open_image
-from exstill_sdk.spec.adapter import TargetAdapter, common_prefix
+from exstill_sdk.speculative.adapter import TargetAdapter, common_prefix
 
 
 class OnnxTarget(TargetAdapter):

@@ -15,9 +15,7 @@ are the first ``prompt_tokens`` tokens of held-out standard-library files (train
 
 from __future__ import annotations
 
-import sysconfig
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
@@ -28,31 +26,11 @@ from exstill_sdk.demo import (
     POSITIONS,
     THREADS,
     demo_dir,
-    demo_tokenizer,
     emulator_args,
+    held_out_prompts,
 )
 
 KList = tuple[int, ...]
-
-
-def held_out_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
-    """The first tokens of held-out stdlib files that exist on this machine."""
-    import json
-
-    data = demo_dir()
-    tokenizer = demo_tokenizer()
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prompts = []
-    for rel in json.loads((data / "training.json").read_text())["held_out_files"]:
-        path = stdlib / rel
-        if not path.exists():
-            continue
-        ids = tokenizer.encode(path.read_text(encoding="utf-8", errors="replace")).ids
-        if len(ids) >= prompt_tokens:
-            prompts.append(ids[:prompt_tokens])
-        if len(prompts) == count:
-            return prompts
-    raise ValueError(f"found only {len(prompts)} held-out files of {prompt_tokens}+ tokens")
 
 
 def run(
@@ -69,7 +47,7 @@ def run(
 ) -> dict[str, Any]:
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.card import open_card
-    from exstill_sdk.spec import SpeculativeDecoder
+    from exstill_sdk.speculative import SpeculativeDecoder
 
     data = demo_dir()
     inputs = held_out_prompts(prompts, prompt_tokens)
@@ -165,7 +143,7 @@ def _hf_side_by_side(
     from exstill_sdk.adapters.hf import HFTarget
     from exstill_sdk.image import open_image
     from exstill_sdk.image.hf import to_hf_model
-    from exstill_sdk.spec import SpeculativeDecoder
+    from exstill_sdk.speculative import SpeculativeDecoder
 
     data = demo_dir()
     target = to_hf_model(open_image(data / "target.img"), "sdpa")

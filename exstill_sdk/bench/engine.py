@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from exstill_sdk.errors import InvalidArgumentError
+
 PROMPT = 64
 POSITIONS = 1024
 PAUSE = 0.05
@@ -59,24 +61,25 @@ def _engine_rounds(engine: Any, streams: int, k: int, vocab: int) -> Iterator[fl
 
 def _hf_steps(image: Any) -> Iterator[float]:
     """Endless greedy decode steps of the image's weights in transformers; seconds each."""
-    import warnings
-
     import torch
+    from transformers import DynamicCache
 
+    from exstill_sdk.adapters.hf import cache_keyword
     from exstill_sdk.image.hf import to_hf_model
 
-    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' API notices
     model = to_hf_model(image, "eager")
+    keyword = cache_keyword(model)
     rng = np.random.default_rng(0)
     prompt = torch.tensor([rng.integers(0, image.arch.vocab_size, PROMPT).tolist()])
     with torch.no_grad():
         while True:
-            out = model(prompt, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            cache = DynamicCache()  # extended in place by every call
+            out = model(prompt, use_cache=True, **{keyword: cache})
+            token = out.logits[:, -1:].argmax(-1)
             for _ in range(POSITIONS - PROMPT - 1):
                 t0 = time.perf_counter()
-                out = model(token, past_key_values=cache, use_cache=True)
-                cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                out = model(token, use_cache=True, **{keyword: cache})
+                token = out.logits[:, -1:].argmax(-1)
                 yield time.perf_counter() - t0
 
 
@@ -104,7 +107,7 @@ def run(
         if synthetic:
             image_path = _synthetic_image(Path(tmp), synthetic)
         if image_path is None:
-            raise ValueError("give an image or --synthetic LAYERSxHIDDEN")
+            raise InvalidArgumentError("give an image or --synthetic LAYERSxHIDDEN")
         image = open_image(image_path, verify=True)
         arch = image.arch
         engine = TransformerEngine(image, rows=13, positions=POSITIONS)  # 1 + 12 streams
@@ -161,7 +164,9 @@ def _synthetic_image(root: Path, spec: str) -> str:
     try:
         layers, hidden = (int(x) for x in spec.lower().split("x"))
     except ValueError:
-        raise ValueError(f"--synthetic wants LAYERSxHIDDEN, e.g. 2x256, not {spec!r}") from None
+        raise InvalidArgumentError(
+            f"--synthetic wants LAYERSxHIDDEN, e.g. 2x256, not {spec!r}"
+        ) from None
     write_checkpoint(
         root / "ckpt",
         layers=layers,

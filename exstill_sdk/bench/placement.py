@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from exstill_sdk.errors import InvalidArgumentError
+
 PLACEMENTS = ("cross-core", "same-core", "none")
 
 
@@ -75,7 +77,7 @@ def placed(placement: str, server_pid: int | None) -> Iterator[tuple[set[int] | 
 
     Restores both affinities afterwards. Falls back to "none" when pinning is impossible."""
     if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
+        raise InvalidArgumentError(f"placement must be one of {', '.join(PLACEMENTS)}")
     mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     if placement == "none" or server_pid is None or not mine:
         why = "" if placement == "none" else " (card server process not found or no affinity API)"

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from exstill_sdk.bench.placement import listening_pid, placed
 from exstill_sdk.card import Card, open_card
+from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.protocol.constants import FRAME_OVERHEAD
 from exstill_sdk.protocol.framing import encode_stream_frame
 from exstill_sdk.protocol.messages import COMMIT_REQUEST
@@ -215,7 +216,9 @@ def run(
     streams: int = 1,
 ) -> dict[str, Any]:
     if not 1 <= k <= 255 or rounds < 1 or context < 200 or not 1 <= streams <= 255:
-        raise ValueError("need 1 <= k <= 255, rounds >= 1, context >= 200, 1 <= streams <= 255")
+        raise InvalidArgumentError(
+            "need 1 <= k <= 255, rounds >= 1, context >= 200, 1 <= streams <= 255"
+        )
     card = open_card(url)
     counter = _CountingTransport(card._transport)
     try:

@@ -34,11 +34,11 @@ def run(
     """One row per size: ``small``, ``large`` or a hidden size to expand the target to; each
     run decodes ``new_tokens`` after each of the first ``prompts`` held-out prompts."""
     from exstill_sdk.adapters.onnx import OnnxTarget
-    from exstill_sdk.bench.e2e import held_out_prompts
     from exstill_sdk.card import open_card
     from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args
+    from exstill_sdk.demo.pair import held_out_prompts
     from exstill_sdk.demo.targets import demo_target, expanded_target
-    from exstill_sdk.spec import SpeculativeDecoder
+    from exstill_sdk.speculative import SpeculativeDecoder
 
     inputs = held_out_prompts(prompts, prompt_tokens)
     host_cpu, card_cpu = split_cores()

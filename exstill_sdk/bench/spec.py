@@ -14,7 +14,8 @@ import numpy as np
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.bench.timing import best_of
 from exstill_sdk.card import open_card
-from exstill_sdk.spec import SpeculativeDecoder
+from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.speculative import SpeculativeDecoder
 
 POSITIONS = 2048
 
@@ -40,7 +41,7 @@ def run(
 
             image_path = _synthetic_image(Path(tmp), synthetic)
         if image_path is None:
-            raise ValueError("give a target image or --synthetic LAYERSxHIDDEN")
+            raise InvalidArgumentError("give a target image or --synthetic LAYERSxHIDDEN")
         target = OnnxTarget(image_path, max_sequences=2, positions=POSITIONS)
         prompt = _prompt(target.vocab_size)
         plain_s, plain = best_of(repeats, target.greedy, prompt, new_tokens)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exstill_sdk.bench.timing import timed
-from exstill_sdk.spec.metrics import SpecMetrics
+from exstill_sdk.speculative.metrics import SpecMetrics
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from typing import Any
 
 from exstill_sdk.bench.sizes import DEFAULT_SIZES
-from exstill_sdk.errors import ExstillError
+from exstill_sdk.cli.support import EXIT_OK, Parser, UsageError, human_text, print_result, run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="exstill-bench", description=__doc__)
+    p = Parser(prog="exstill-bench", description=__doc__)
     sub = p.add_subparsers(dest="bench", required=True)
     rt = sub.add_parser(
         "roundtrip",
@@ -96,79 +96,81 @@ def _sizes(text: str) -> tuple[str, ...]:
     sizes = tuple(s.strip() for s in text.split(","))
     for size in sizes:
         if size not in ("small", "large") and not (size.isdigit() and int(size) >= 256):
-            raise ValueError(
+            raise UsageError(
                 f"--sizes: {size!r} is not small, large or a hidden size of 256 or more"
             )
     return sizes
 
 
-def _print_human(result: dict[str, object]) -> None:
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
+def _users(text: str) -> tuple[int, ...]:
+    try:
+        users = tuple(int(u) for u in text.split(","))
+    except ValueError:
+        raise UsageError(f"--users wants numbers separated by commas, not {text!r}") from None
+    if not users or min(users) < 1:
+        raise UsageError(f"--users wants counts of 1 or more, not {text!r}")
+    return users
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.bench == "roundtrip":
-            from exstill_sdk.bench import roundtrip
+    return run("exstill-bench", args.json, lambda: _main(args))
 
-            result = roundtrip.run(
-                args.url, args.k, args.rounds, args.context, args.placement, args.streams
-            )
-        elif args.bench == "engine":
-            from exstill_sdk.bench import engine
 
-            result = engine.run(
-                args.image,
-                synthetic=args.synthetic,
-                k=args.k,
-                rounds=args.rounds,
-                hf=not args.no_hf,
-            )
-        elif args.bench == "e2e":
-            from exstill_sdk.bench import e2e
+def _main(args: argparse.Namespace) -> int:
+    result: dict[str, Any]
+    if args.bench == "roundtrip":
+        from exstill_sdk.bench import roundtrip
 
-            result = e2e.run(
-                prompts=args.prompts,
-                prompt_tokens=args.prompt_tokens,
-                new_tokens=args.new_tokens,
-                ks=tuple(range(1, args.max_k + 1)),
-                users=tuple(int(u) for u in args.users.split(",")),
-                hf=not args.no_hf,
-                sizes=_sizes(args.sizes),
-                size_runs=args.size_runs,
-                progress=not args.json and sys.stderr.isatty(),
-            )
-            if args.plot:
-                from exstill_sdk.bench.plots import plot_e2e
+        result = roundtrip.run(
+            args.url, args.k, args.rounds, args.context, args.placement, args.streams
+        )
+    elif args.bench == "engine":
+        from exstill_sdk.bench import engine
 
-                result["plots"] = [str(p) for p in plot_e2e(result, args.plot)]
-        elif args.bench == "flash":
-            from exstill_sdk.bench import flash
+        result = engine.run(
+            args.image,
+            synthetic=args.synthetic,
+            k=args.k,
+            rounds=args.rounds,
+            hf=not args.no_hf,
+        )
+    elif args.bench == "e2e":
+        from exstill_sdk.bench import e2e
 
-            result = flash.run(args.url, args.size_mb, args.key)
-        elif args.bench == "spec":
-            from exstill_sdk.bench import spec
+        result = e2e.run(
+            prompts=args.prompts,
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            ks=tuple(range(1, args.max_k + 1)),
+            users=_users(args.users),
+            hf=not args.no_hf,
+            sizes=_sizes(args.sizes),
+            size_runs=args.size_runs,
+            progress=not args.json and sys.stderr.isatty(),
+        )
+        if args.plot:
+            from exstill_sdk.bench.plots import plot_e2e
 
-            result = spec.run(
-                args.image,
-                synthetic=args.synthetic,
-                draft_image=args.draft_image,
-                new_tokens=args.new_tokens,
-                repeats=args.repeats,
-            )
-        else:  # pragma: no cover - argparse rejects unknown choices
-            raise AssertionError(args.bench)
-    except (ExstillError, ValueError) as exc:
-        print(f"exstill-bench: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result))
-    else:
-        _print_human(result)
-    return 0
+            result["plots"] = [str(p) for p in plot_e2e(result, args.plot)]
+    elif args.bench == "flash":
+        from exstill_sdk.bench import flash
+
+        result = flash.run(args.url, args.size_mb, args.key)
+    elif args.bench == "spec":
+        from exstill_sdk.bench import spec
+
+        result = spec.run(
+            args.image,
+            synthetic=args.synthetic,
+            draft_image=args.draft_image,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+        )
+    else:  # pragma: no cover - argparse rejects unknown choices
+        raise AssertionError(args.bench)
+    print_result(result, args.json, lambda: human_text(result))
+    return EXIT_OK
 
 
 if __name__ == "__main__":

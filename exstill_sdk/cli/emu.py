@@ -10,17 +10,35 @@ import signal
 import sys
 from urllib.parse import urlsplit
 
+from exstill_firmware.engines import BUILTIN_ENGINES
+
 from exstill_sdk.auth import load_admin_key
+from exstill_sdk.cli.support import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Parser,
+    UsageError,
+    exit_code,
+    message_of,
+    report,
+)
 from exstill_sdk.errors import ExstillError
+
+EXIT_POWER_CUT = 75
+"""exstill-emu's own: the fault-injection power cut (--power-cut-after) happened."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="exstill-emu",
         description="Run the Exstill card runtime on this CPU and serve it on a TCP port. "
         "The first line of stdout is the URL to pass to open_card() (port 0 picks a free one).",
     )
-    p.add_argument("--listen", default="tcp://127.0.0.1:0", help="tcp://HOST:PORT to serve on")
+    p.add_argument(
+        "--listen",
+        default="tcp://127.0.0.1:0",
+        help="tcp://HOST:PORT to serve on (default tcp://127.0.0.1:0: loopback, a free port)",
+    )
     p.add_argument(
         "--serial",
         choices=["pty"],
@@ -32,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--engine",
         action="append",
+        choices=sorted(BUILTIN_ENGINES),
         help="built-in engine to load (repeatable; default: lookup)",
     )
     p.add_argument(
@@ -110,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     listen = urlsplit(args.listen)
     try:
         if listen.scheme != "tcp" or not listen.hostname or listen.port is None:
-            raise ExstillError(f"--listen wants tcp://HOST:PORT, not {args.listen!r}")
+            raise UsageError(f"--listen wants tcp://HOST:PORT, not {args.listen!r}")
         admin_key = load_admin_key(args.admin_key) if args.admin_key else None
         if not args.serial and not _loopback(listen.hostname) and not (admin_key or args.insecure):
-            raise ExstillError(
+            raise UsageError(
                 f"--listen {args.listen} lets other hosts reach the card, and without an admin "
                 "key anyone who can connect could use it: give --admin-key FILE (make one with "
                 "exstill-flash --new-key FILE), or --insecure to serve drafting to anyone"
@@ -161,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 remote_needs_key=not args.insecure,
             )
         )
-    except (ExstillError, ValueError, OSError) as exc:
-        print(f"exstill-emu: {exc}", file=sys.stderr)
-        return 2
+    except (ExstillError, OSError) as exc:
+        return report("exstill-emu", message_of(exc), exit_code(exc), args.json)
     if args.json:
         where = (
             {"path": server.path}
@@ -174,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(server.url, flush=True)
 
+    interrupted = []
+
     def _stop(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            interrupted.append(signum)
         server.stop()
 
     signal.signal(signal.SIGINT, _stop)
@@ -185,13 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         runtime.shutdown()
     if getattr(server, "powered_off", False):
         print("exstill-emu: power cut (fault injection)", file=sys.stderr)
-        return 75
+        return EXIT_POWER_CUT
     stats = runtime.telemetry.snapshot(0)
+    how = "interrupted; " if interrupted else ""
     print(
-        f"exstill-emu: stopped after {stats['frames']} frames, {stats['rounds']} rounds",
+        f"exstill-emu: {how}stopped after {stats['frames']} frames, {stats['rounds']} rounds",
         file=sys.stderr,
     )
-    return 0
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -7,24 +7,27 @@ exstill-flash --url URL --list | --rollback TARGET | --erase TARGET
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from exstill_sdk.cli.support import EXIT_OK, Parser, UsageError, print_result, run
 from exstill_sdk.errors import (
     DeviceNotFoundError,
     DevicePermissionError,
     DowngradeRefusedError,
-    ExstillError,
     ImageError,
     NotAuthorizedError,
     StoreFullError,
 )
 from exstill_sdk.protocol.constants import ImageState
 
+if TYPE_CHECKING:
+    from exstill_sdk.card import Card
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="exstill-flash",
         description="Upload a card image (resuming after a dropped link), let the card verify "
         "it, run it on trial, health-check it and confirm it. Or list, roll back or erase "
@@ -57,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _hint(exc: ExstillError) -> str:
+def _hint(exc: BaseException) -> str:
     if isinstance(exc, DeviceNotFoundError):
         return " (is the card connected and the URL right? exstill-info --list)"
     if isinstance(exc, DevicePermissionError):
@@ -71,108 +74,126 @@ def _hint(exc: ExstillError) -> str:
     return ""
 
 
+def _list(card: Card) -> dict[str, Any]:
+    return {
+        "images": [
+            {
+                "target": e.target,
+                "slot": "ab"[e.slot],
+                "state": ImageState(e.state).name.lower(),
+                "version": e.version,
+                "size": e.size,
+                "file_sha256": e.sha256.hex(),
+            }
+            for e in card.list_images()
+        ]
+    }
+
+
+def _human(result: dict[str, Any]) -> str:
+    if "images" in result:
+        rows = [
+            (
+                e["target"],
+                e["slot"],
+                e["state"],
+                "v" + e["version"],
+                f"{e['size']:,} B",
+                "file_sha256 " + e["file_sha256"][:16],
+            )
+            for e in result["images"]
+        ]
+        if not rows:
+            return "no images on this card"
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join(
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        )
+    if "rolled_back" in result:
+        return f"{result['rolled_back']}: back on its previous image, which serves now"
+    if "erased" in result:
+        return f"{result['erased']}: erased from the card"
+    state = "confirmed" if result["confirmed"] else "on trial (not confirmed)"
+    resumed = f", resumed from byte {result['resumed_from'][0]:,}" if result["resumed_from"] else ""
+    return (
+        f"flashed {result['target']} v{result['version']}: {result['size']:,} bytes at "
+        f"{result['mb_per_s']} MB/s, {state}; re-sent {result['resent_bytes']} bytes{resumed}"
+        f"\nfile_sha256 {result['file_sha256']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    sent = [0, 0]  # bytes the card holds, image size
+
+    def how_far() -> str:
+        if not args.image or not sent[1]:
+            return ""
+        return (
+            f"the card holds {sent[0]:,} of {sent[1]:,} bytes of {args.image}; the same "
+            "command resumes from there"
+        )
+
+    return run(
+        "exstill-flash",
+        args.json,
+        lambda: _main(args, sent),
+        interrupted=how_far,
+        hint=_hint,
+    )
+
+
+def _main(args: argparse.Namespace, sent: list[int]) -> int:
     from exstill_sdk.card import open_card
     from exstill_sdk.flash import flash
 
     if args.new_key:
         from exstill_sdk.auth import generate_admin_key
 
-        try:
-            path = generate_admin_key(args.new_key)
-        except ExstillError as exc:
-            print(f"exstill-flash: {exc.message}", file=sys.stderr)
-            return 2
+        path = generate_admin_key(args.new_key)
         done = {"admin_key": str(path), "mode": "0600"}
-        print(json.dumps(done) if args.json else f"wrote a new admin key to {path} (mode 0600)")
-        return 0
+        print_result(done, args.json, lambda: f"wrote a new admin key to {path} (mode 0600)")
+        return EXIT_OK
     actions = [bool(args.image), args.list, bool(args.rollback), bool(args.erase)]
     if sum(actions) != 1 or not args.url:
-        print(
-            "exstill-flash: give --url and an IMAGE, or one of --list, --rollback, --erase",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError("give --url and an IMAGE, or one of --list, --rollback, --erase")
     result: dict[str, Any]
-    try:
-        with open_card(args.url, timeout=30, key=args.key) as card:
-            if args.list:
-                result = {
-                    "images": [
-                        {
-                            "target": e.target,
-                            "slot": "ab"[e.slot],
-                            "state": ImageState(e.state).name.lower(),
-                            "version": e.version,
-                            "size": e.size,
-                            "sha256": e.sha256.hex(),
-                        }
-                        for e in card.list_images()
-                    ]
-                }
-            elif args.rollback:
-                card.revert(args.rollback)
-                result = {"rolled_back": args.rollback}
-            elif args.erase:
-                card.erase(args.erase)
-                result = {"erased": args.erase}
-            else:
-                bar = None
-                if not args.json and sys.stderr.isatty():
-                    from pathlib import Path
-
-                    from tqdm import tqdm
-
-                    bar = tqdm(
-                        total=Path(args.image).stat().st_size,
-                        unit="B",
-                        unit_scale=True,
-                        desc="flashing",
-                        leave=False,
-                    )
-                last = [0]
-
-                def progress(done: int) -> None:
-                    if bar is not None:
-                        bar.update(done - last[0])
-                        last[0] = done
-
-                try:
-                    r = flash(
-                        card,
-                        args.image,
-                        target=args.target,
-                        confirm=not args.no_confirm,
-                        allow_downgrade=args.allow_downgrade,
-                        progress=progress,
-                    )
-                finally:
-                    if bar is not None:
-                        bar.close()
-                result = r.to_dict()
-    except (ExstillError, OSError) as exc:
-        message = exc.message if isinstance(exc, ExstillError) else str(exc)
-        if args.json:
-            print(json.dumps({"ok": False, "error": message, "code": int(getattr(exc, "code", 0))}))
+    with open_card(args.url, timeout=30, key=args.key) as card:
+        if args.list:
+            result = _list(card)
+        elif args.rollback:
+            card.revert(args.rollback)
+            result = {"rolled_back": args.rollback}
+        elif args.erase:
+            card.erase(args.erase)
+            result = {"erased": args.erase}
         else:
-            extra = _hint(exc) if isinstance(exc, ExstillError) else ""
-            print(f"exstill-flash: {message}{extra}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result))
-    elif "images" in result:
-        for e in result["images"] or [{"target": "(no images)"}]:
-            print("  ".join(str(v) for v in e.values()))
-    elif "target" in result:
-        state = "confirmed" if result["confirmed"] else "on trial (not confirmed)"
-        print(
-            f"flashed {result['target']} v{result['version']}: {result['size']:,} bytes at "
-            f"{result['mb_per_s']} MB/s, {state}; re-sent {result['resent_bytes']} bytes"
-        )
-    else:
-        print(json.dumps(result))
-    return 0
+            sent[1] = Path(args.image).stat().st_size
+            bar = None
+            if not args.json and sys.stderr.isatty():
+                from tqdm import tqdm
+
+                bar = tqdm(total=sent[1], unit="B", unit_scale=True, desc="flashing", leave=False)
+
+            def progress(done: int) -> None:
+                if bar is not None:
+                    bar.update(done - sent[0])
+                sent[0] = done
+
+            try:
+                result = flash(
+                    card,
+                    args.image,
+                    target=args.target,
+                    confirm=not args.no_confirm,
+                    allow_downgrade=args.allow_downgrade,
+                    progress=progress,
+                ).to_dict()
+            finally:
+                if bar is not None:
+                    bar.close()
+    print_result(result, args.json, lambda: _human(result))
+    return EXIT_OK
 
 
 if __name__ == "__main__":

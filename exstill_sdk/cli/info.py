@@ -8,11 +8,11 @@ import sys
 import time
 from typing import Any
 
-from exstill_sdk.errors import ExstillError
+from exstill_sdk.cli.support import EXIT_OK, Parser, UsageError, run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="exstill-info",
         description="List Exstill cards (USB, serial, and emulator URLs you name) or show one "
         "card's firmware, streams, targets and telemetry.",
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def snapshot(url: str, key: str | None = None) -> dict[str, Any]:
     from exstill_sdk.card import open_card
+    from exstill_sdk.protocol.constants import Features
 
     with open_card(url, timeout=3, key=key) as card:
         info, stats = card.info(), card.stats()
@@ -40,7 +41,7 @@ def snapshot(url: str, key: str | None = None) -> dict[str, Any]:
         "streams": {"in_use": stats.get("streams_open", 0), "slots": info.slots},
         "context": info.context,
         "max_k": info.max_k,
-        "features": str(info.features),
+        "features": [str(f.name).lower() for f in Features if f and f in info.features],
         "engines": list(info.engines),
         "targets": [
             {
@@ -60,6 +61,7 @@ def _human(s: dict[str, Any]) -> str:
         f"  streams   {s['streams']['in_use']} of {s['streams']['slots']} in use, "
         f"{s['context']} tokens each, max K {s['max_k']}",
         f"  engines   {', '.join(s['engines']) or 'none'}",
+        f"  features  {', '.join(s['features']) or 'none'}",
         "  targets   "
         + (
             ", ".join(
@@ -82,42 +84,39 @@ def _human(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _main(args: argparse.Namespace) -> int:
+    if args.list:
+        from exstill_sdk.discovery import list_devices
+
+        devices = list_devices(args.url)
+        if args.json:
+            print(json.dumps([d.to_dict() for d in devices]))
+        elif not devices:
+            print("no cards found (USB, serial); name emulators with --url")
+        else:
+            for d in devices:
+                print(f"{d.url:<40} {d.kind:<7} {d.description}")
+        return EXIT_OK
+    if len(args.url) != 1:
+        raise UsageError("give --list, or one --url")
+    count = 0
+    while True:
+        s = snapshot(args.url[0], args.key)
+        if args.json:
+            print(json.dumps(s), flush=True)
+        else:
+            if args.watch:
+                print("\033[2J\033[H", end="")
+            print(_human(s), flush=True)
+        count += 1
+        if not args.watch or (args.iterations and count >= args.iterations):
+            return EXIT_OK
+        time.sleep(args.watch)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.list:
-            from exstill_sdk.discovery import list_devices
-
-            devices = list_devices(args.url)
-            if args.json:
-                print(json.dumps([d.to_dict() for d in devices]))
-            elif not devices:
-                print("no cards found (USB, serial); name emulators with --url")
-            else:
-                for d in devices:
-                    print(f"{d.url:<40} {d.kind:<7} {d.description}")
-            return 0
-        if len(args.url) != 1:
-            print("exstill-info: give --list, or one --url", file=sys.stderr)
-            return 2
-        count = 0
-        while True:
-            s = snapshot(args.url[0], args.key)
-            if args.json:
-                print(json.dumps(s), flush=True)
-            else:
-                if args.watch:
-                    print("\033[2J\033[H", end="")
-                print(_human(s), flush=True)
-            count += 1
-            if not args.watch or (args.iterations and count >= args.iterations):
-                return 0
-            time.sleep(args.watch)
-    except KeyboardInterrupt:
-        return 0
-    except ExstillError as exc:
-        print(f"exstill-info: {exc.message}", file=sys.stderr)
-        return 1
+    return run("exstill-info", args.json, lambda: _main(args))
 
 
 if __name__ == "__main__":

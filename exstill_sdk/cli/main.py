@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Literal
 
-from exstill_sdk.errors import ExstillError
+from exstill_sdk.cli.support import EXIT_FAILED, EXIT_OK, Parser, run
 
 MAX_K = 8
 SEPARATOR = "\n──── continuation: the target's own tokens, drafted by the card ────\n"
@@ -38,7 +38,7 @@ def _positive(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="exstill", description="Exstill draft card SDK.")
+    p = Parser(prog="exstill", description="Exstill draft card SDK.")
     sub = p.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
@@ -125,36 +125,31 @@ def _demo(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    result = run_demo(
-        prompt,
-        url=args.url,
-        target=args.target,
-        max_new_tokens=args.max_new_tokens,
-        k=args.k,
-        runs=args.runs,
-        on_text=None if args.json else show,
-        progress=not args.json and sys.stderr.isatty(),
-    )
+    try:
+        result = run_demo(
+            prompt,
+            url=args.url,
+            target=args.target,
+            max_new_tokens=args.max_new_tokens,
+            k=args.k,
+            runs=args.runs,
+            on_text=None if args.json else show,
+            progress=not args.json and sys.stderr.isatty(),
+        )
+    except KeyboardInterrupt:
+        if started:
+            print(flush=True)  # end the streamed text before the one-line notice
+        raise
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
         print(_report(result))
-    return 0 if result.identical else 1
+    return EXIT_OK if result.identical else EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _demo(args)
-    except KeyboardInterrupt:
-        print(f"\nexstill {args.command}: interrupted", file=sys.stderr)
-        return 130
-    except (ExstillError, ValueError) as exc:
-        if args.json:
-            print(json.dumps({"error": str(exc), "code": getattr(exc, "code", None)}))
-        else:
-            print(f"exstill {args.command}: {exc}", file=sys.stderr)
-        return 2
+    return run(f"exstill {args.command}", args.json, lambda: _demo(args))
 
 
 if __name__ == "__main__":

@@ -3,27 +3,31 @@
 exstill-pack CHECKPOINT_DIR -o IMAGE --target NAME [--dtype f32|f16|int8] [--sign-key KEY]
 exstill-pack inspect IMAGE [--json]
 exstill-pack verify IMAGE [--trusted-keys DIR|FILE] [--json]
+exstill-pack sign IMAGE --key KEY [-o SIGNED_IMAGE] [--json]
 exstill-pack keygen [--dir DIR] [--name NAME] [--json]
+
+Two SHA-256 values name an image: ``content_sha256`` (everything before the trailer: what the
+trailer records and a signature covers) and ``file_sha256`` (the whole file: what exstill-flash
+and the card's image list show).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from exstill_sdk.errors import ExstillError, ImageError
+from exstill_sdk.cli.support import EXIT_OK, Parser, print_result, run
 
-SUBCOMMANDS = ("inspect", "verify", "keygen")
+SUBCOMMANDS = ("inspect", "verify", "sign", "keygen")
 
 
 def _pack_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="exstill-pack",
         description="Pack an HF checkpoint (Llama, Mistral, Qwen2, Qwen3; safetensors) into a "
-        "card image. Other commands: exstill-pack {inspect,verify,keygen} --help",
+        "card image. Other commands: exstill-pack {inspect,verify,sign,keygen} --help",
     )
     p.add_argument(
         "checkpoint", help="HF checkpoint directory (config.json, safetensors, tokenizer.json)"
@@ -39,14 +43,23 @@ def _pack_parser() -> argparse.ArgumentParser:
 
 
 def _image_parser(command: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"exstill-pack {command}")
+    p = Parser(prog=f"exstill-pack {command}")
     if command == "keygen":
         p.description = "Make an Ed25519 key pair for signing images: NAME.key and NAME.pub."
         p.add_argument("--dir", default=".", help="where to write the key files")
         p.add_argument("--name", default="exstill", help="file name stem")
     else:
         p.add_argument("image", help="card image file")
-        if command == "verify":
+        if command == "sign":
+            p.description = (
+                "Sign a packed image with an Ed25519 private key (exstill-pack keygen), after "
+                "checking its digest; replaces any earlier signature."
+            )
+            p.add_argument("--key", required=True, help="Ed25519 private key (PEM)")
+            p.add_argument(
+                "-o", "--output", help="write the signed image here (default: replace IMAGE)"
+            )
+        elif command == "verify":
             p.description = "Check an image's structure and digest, and its signature."
             p.add_argument(
                 "--trusted-keys",
@@ -82,8 +95,13 @@ def _pack(args: argparse.Namespace) -> dict[str, Any]:
 def _inspect(args: argparse.Namespace) -> dict[str, Any]:
     from exstill_sdk.image.reader import open_image
 
-    with open_image(args.image, verify=not args.no_verify) as image:
-        return {**image.describe(), "digest_checked": not args.no_verify}
+    with open_image(args.image) as image:
+        file_sha256 = None if args.no_verify else image.verify().file_sha256.hex()
+        return {
+            **image.describe(),
+            "file_sha256": file_sha256,
+            "digest_checked": file_sha256 is not None,
+        }
 
 
 def _verify(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,11 +115,25 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
             "path": args.image,
             "ok": True,
             "target": image.target,
-            "digest": v.digest.hex(),
+            "content_sha256": v.content_sha256.hex(),
+            "file_sha256": v.file_sha256.hex(),
             "signed": v.signed,
             "key_id": v.key_id.hex() if v.key_id else None,
             "signature_checked": v.trusted,
         }
+
+
+def _sign(args: argparse.Namespace) -> dict[str, Any]:
+    from exstill_sdk.image.signing import load_private_key
+    from exstill_sdk.image.writer import sign_image
+
+    written = sign_image(args.image, load_private_key(args.key), args.output)
+    return {
+        "path": str(written.path),
+        "content_sha256": written.content_sha256.hex(),
+        "file_sha256": written.file_sha256.hex(),
+        "key_id": (written.key_id or b"").hex(),
+    }
 
 
 def _keygen(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,7 +152,13 @@ def _human(command: str, r: dict[str, Any]) -> str:
         sig = f", signed by {r['key_id'][:16]}" if r["signed"] else ""
         return (
             f"wrote {r['path']}: target {r['target']}, {r['dtype']}, {r['parameters']:,} "
-            f"parameters, {r['size']:,} bytes in {r['seconds']} s{sig}\ndigest {r['digest']}"
+            f"parameters, {r['size']:,} bytes in {r['seconds']} s{sig}\n"
+            f"file_sha256 {r['file_sha256']} (what exstill-flash and the card show)"
+        )
+    if command == "sign":
+        return (
+            f"signed {r['path']} with key {r['key_id'][:16]}...\n"
+            f"file_sha256 {r['file_sha256']} (what exstill-flash and the card show)"
         )
     if command == "verify":
         how = (
@@ -130,7 +168,10 @@ def _human(command: str, r: dict[str, Any]) -> str:
                 "signed, signature not checked (no --trusted-keys)" if r["signed"] else "unsigned"
             )
         )
-        return f"OK {r['path']}: digest {r['digest'][:16]}..., {how}"
+        return (
+            f"OK {r['path']}: content_sha256 holds, {how}\nfile_sha256 {r['file_sha256']} "
+            "(what exstill-flash and the card show)"
+        )
     if command == "keygen":
         return (
             f"wrote {r['private_key']} (keep it secret) and {r['public_key']}, "
@@ -147,34 +188,44 @@ def _human(command: str, r: dict[str, Any]) -> str:
             f"tensors, {r['data_bytes']:,} bytes",
             f"  tokenizer     vocab {r['tokenizer']['vocab_size']}, sha256 "
             f"{r['tokenizer']['sha256'][:16]}..., special {r['tokenizer']['special_ids']}",
-            f"  digest        {r['digest']}"
+            *_vocab_note(arch["vocab_size"], r["tokenizer"]["vocab_size"]),
+            f"  content_sha256 {r['content_sha256']}"
             + (" (checked)" if r["digest_checked"] else " (not checked)"),
+            f"  file_sha256   {r['file_sha256'] or '(not computed: --no-verify)'}",
             f"  signature     {('key ' + r['key_id'][:16] + '...') if r['signed'] else 'none'}",
             f"  created by    {r['created_by']}",
         ]
     )
 
 
+def _vocab_note(model_vocab: int, tokenizer_vocab: int) -> list[str]:
+    """Why a tokenizer smaller than the model's vocabulary is fine (models pad their rows)."""
+    if tokenizer_vocab >= model_vocab:
+        return []
+    padding = model_vocab - tokenizer_vocab
+    return [
+        f"                (the model has {model_vocab} vocabulary rows, {padding} of them padding "
+        "that no token uses: expected, the target never produces those ids)"
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "pack"
-    run: Callable[[argparse.Namespace], dict[str, Any]]
+    step: Callable[[argparse.Namespace], dict[str, Any]]
     if command == "pack":
-        args, run = _pack_parser().parse_args(argv), _pack
+        args, step = _pack_parser().parse_args(argv), _pack
     else:
         args = _image_parser(command).parse_args(argv[1:])
-        run = {"inspect": _inspect, "verify": _verify, "keygen": _keygen}[command]
-    try:
-        result = run(args)
-    except (ExstillError, OSError) as exc:
-        message = exc.message if isinstance(exc, ExstillError) else str(exc)
-        if args.json:
-            print(json.dumps({"ok": False, "error": message, "code": int(getattr(exc, "code", 0))}))
-        else:
-            print(f"exstill-pack {command}: {message}", file=sys.stderr)
-        return 1 if isinstance(exc, ImageError) else 2
-    print(json.dumps(result) if args.json else _human(command, result))
-    return 0
+        step = {"inspect": _inspect, "verify": _verify, "sign": _sign, "keygen": _keygen}[command]
+
+    def body() -> int:
+        result = step(args)
+        print_result(result, args.json, lambda: _human(command, result))
+        return EXIT_OK
+
+    prog = "exstill-pack" if command == "pack" else f"exstill-pack {command}"
+    return run(prog, args.json, body)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from exstill_sdk.demo.pair import (
     demo_tokenizer,
     emulator_args,
     emulator_url,
+    held_out_prompts,
 )
 from exstill_sdk.demo.run import DEFAULT_PROMPT, DemoResult, run_demo
 from exstill_sdk.demo.targets import TARGETS, DemoTarget, cache_dir, demo_target, expanded_target
@@ -32,5 +33,6 @@ __all__ = [
     "emulator_args",
     "emulator_url",
     "expanded_target",
+    "held_out_prompts",
     "run_demo",
 ]

@@ -4,11 +4,13 @@ the target's tokenizer."""
 
 from __future__ import annotations
 
+import json
+import sysconfig
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.errors import ExstillError
+from exstill_sdk.errors import ExstillError, InvalidArgumentError
 
 DRAFT_TARGET = "demo-draft"
 POSITIONS = 2048
@@ -45,3 +47,23 @@ def emulator_args() -> list[str]:
         "--context", str(POSITIONS), "--threads", str(THREADS),
         "--image", str(demo_dir() / "draft.img"),
     ]  # fmt: skip
+
+
+def held_out_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
+    """The first tokens of held-out stdlib files that exist on this machine."""
+    data = demo_dir()
+    tokenizer = demo_tokenizer()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prompts = []
+    for rel in json.loads((data / "training.json").read_text())["held_out_files"]:
+        path = stdlib / rel
+        if not path.exists():
+            continue
+        ids = tokenizer.encode(path.read_text(encoding="utf-8", errors="replace")).ids
+        if len(ids) >= prompt_tokens:
+            prompts.append(ids[:prompt_tokens])
+        if len(prompts) == count:
+            return prompts
+    raise InvalidArgumentError(
+        f"found only {len(prompts)} held-out files of {prompt_tokens}+ tokens"
+    )

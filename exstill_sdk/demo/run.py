@@ -75,7 +75,7 @@ def run_demo(
     (untimed) speculative run."""
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.card import open_card
-    from exstill_sdk.spec import SpeculativeDecoder
+    from exstill_sdk.speculative import SpeculativeDecoder
 
     tokenizer = demo_tokenizer()
     prompt_ids = tokenizer.encode(prompt).ids

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exstill_sdk.demo.pair import demo_dir
-from exstill_sdk.errors import ImageError
+from exstill_sdk.errors import ImageError, InvalidArgumentError
 from exstill_sdk.image.expand import Widths, expand_image, expanded_config, parameter_count
 from exstill_sdk.image.reader import CardImage, open_image
 
@@ -69,7 +69,7 @@ def expanded_target(hidden: int, *, progress: bool = False) -> DemoTarget:
     source = demo_dir() / "target.img"
     small = open_image(source)
     name = "demo-target-large" if hidden == LARGE_HIDDEN else f"demo-target-w{hidden}"
-    path = cache_dir() / f"{name}-{small.digest.hex()[:12]}-r{EXPANSION_REVISION}.img"
+    path = cache_dir() / f"{name}-{small.content_sha256.hex()[:12]}-r{EXPANSION_REVISION}.img"
     image = None
     if path.exists():
         try:
@@ -105,4 +105,4 @@ def demo_target(name: str, *, progress: bool = False) -> DemoTarget:
             f"the trained demo target, {params / 1e6:.1f}M parameters (its weights fit in the "
             "CPU's cache: a step is bound by arithmetic)",
         )
-    raise ValueError(f"unknown demo target {name!r}; choose one of {', '.join(TARGETS)}")
+    raise InvalidArgumentError(f"unknown demo target {name!r}; choose one of {', '.join(TARGETS)}")

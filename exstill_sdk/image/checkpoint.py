@@ -241,6 +241,11 @@ def read_checkpoint(directory: str | Path, tokenizer: str | Path | None = None) 
     """Plan the conversion of a checkpoint: its architecture, tokenizer identity and tensors.
     ``tokenizer`` points at the target's tokenizer.json when the checkpoint lacks one."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(
+            f"{directory}: no such directory; give an HF checkpoint directory (config.json, "
+            "safetensors, tokenizer.json)"
+        )
     config_path = directory / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{directory} has no config.json: is it an HF checkpoint directory?")
@@ -258,6 +263,11 @@ def read_checkpoint(directory: str | Path, tokenizer: str | Path | None = None) 
     fingerprint = fingerprint_tokens(
         tokens, special_ids_from_checkpoint(tok_path.parent if tokenizer else directory, tokens)
     )
+    if fingerprint.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"{tok_path} defines ids up to {fingerprint.vocab_size - 1}, but the model has "
+            f"{config.vocab_size} vocabulary rows: it is not this model's tokenizer"
+        )
 
     found: dict[str, SourceTensor] = {}
     unknown = []

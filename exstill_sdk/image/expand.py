@@ -202,7 +202,7 @@ def expand_image(
             "image.version": str(image.metadata.get("image.version", "1")),
             "image.created_by": (
                 f"exstill_sdk.image.expand from {image.metadata.get('image.target')!s} "
-                f"(digest {image.digest.hex()[:16]}..., seed {seed})"
+                f"(digest {image.content_sha256.hex()[:16]}..., seed {seed})"
             ),
             "quant.dtype": "f32",
             **cfg.to_metadata(),

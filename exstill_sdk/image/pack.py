@@ -40,7 +40,8 @@ class PackResult:
             "size": self.image.size,
             "tensors": self.tensors,
             "parameters": self.parameters,
-            "digest": self.image.digest.hex(),
+            "content_sha256": self.image.content_sha256.hex(),
+            "file_sha256": self.image.file_sha256.hex(),
             "signed": self.image.key_id is not None,
             "key_id": self.image.key_id.hex() if self.image.key_id else None,
             "seconds": round(self.seconds, 3),
@@ -104,9 +105,8 @@ def pack_checkpoint(
     if dtype == "int8":
         metadata["quant.scheme"] = "symmetric-per-row"
     specs = _specs(ckpt, dtype)
-    writer = ImageWriter(output, metadata, specs)
     bar = tqdm(
-        total=writer.total_size,
+        total=sum(s.nbytes for s in specs),
         unit="B",
         unit_scale=True,
         desc=f"packing {target}",
@@ -114,14 +114,12 @@ def pack_checkpoint(
         leave=False,
     )
     try:
-        for name, load in ckpt.load():
-            for out_name, array in _convert(name, load(), dtype):
-                writer.write(out_name, array)
-                bar.update(array.nbytes)
-        written = writer.finish(signing_key)
-    except BaseException:
-        writer.abort()
-        raise
+        with ImageWriter(output, metadata, specs) as writer:  # a failure removes the partial file
+            for name, load in ckpt.load():
+                for out_name, array in _convert(name, load(), dtype):
+                    writer.write(out_name, array)
+                    bar.update(array.nbytes)
+            written = writer.finish(signing_key)
     finally:
         bar.close()
     parameters = sum(int(np.prod(s.shape)) for s in specs if not s.name.endswith(".scale"))

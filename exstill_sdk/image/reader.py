@@ -24,7 +24,7 @@ from typing import Any
 import construct as c
 import numpy as np
 
-from exstill_sdk.errors import ImageError
+from exstill_sdk.errors import ImageError, ImageNotFoundError
 from exstill_sdk.image.arch import DecoderConfig
 from exstill_sdk.image.format import (
     ALIGNMENT,
@@ -63,7 +63,10 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class Verification:
-    digest: bytes
+    content_sha256: bytes
+    """SHA-256 of everything before the trailer (recomputed, and equal to the trailer's)."""
+    file_sha256: bytes
+    """SHA-256 of the whole file: what flash and the card's image list show."""
     signed: bool
     key_id: bytes | None
     trusted: bool
@@ -183,7 +186,8 @@ class CardImage:
             ) from None
         if t.trailer_version != 1 or t.flags & ~TRAILER_SIGNED or t.reserved:
             raise _fail("trailer version, flags or reserved fields are not as version 1 defines")
-        self.digest = t.digest
+        self.content_sha256 = t.digest
+        """SHA-256 of everything before the trailer, as the trailer records it."""
         self.signed = bool(t.flags & TRAILER_SIGNED)
         self.key_id = t.key_id if self.signed else None
         self._signature = t.signature
@@ -233,27 +237,29 @@ class CardImage:
         view = np.frombuffer(self._buffer, dtype, info.size // dtype.itemsize, info.offset)
         return view.reshape(info.shape)
 
-    def compute_digest(self) -> bytes:
-        """SHA-256 of everything before the trailer (reads the whole file)."""
+    def compute_digests(self) -> tuple[bytes, bytes]:
+        """SHA-256 of everything before the trailer, and of the whole file (one read)."""
         h = hashlib.sha256()
         view = memoryview(self._buffer)
         end = self.size - TRAILER_SIZE
         for start in range(0, end, HASH_CHUNK):
             h.update(view[start : min(end, start + HASH_CHUNK)])
+        content = h.digest()
+        h.update(view[end : self.size])
         view.release()
-        return h.digest()
+        return content, h.digest()
 
     def verify(self, trusted_keys: TrustedKeys | None = None) -> Verification:
         """Check the digest and, when trusted keys are given, require a signature by one."""
-        digest = self.compute_digest()
-        if digest != self.digest:
+        digest, file_sha256 = self.compute_digests()
+        if digest != self.content_sha256:
             raise _fail(
                 "digest mismatch: the image's contents changed after it was written "
-                f"(stored {self.digest.hex()[:16]}..., computed {digest.hex()[:16]}...)"
+                f"(stored {self.content_sha256.hex()[:16]}..., computed {digest.hex()[:16]}...)"
             )
         if trusted_keys is not None:
             check_signature(trusted_keys, digest, self.signed, self.key_id or b"", self._signature)
-        return Verification(digest, self.signed, self.key_id, trusted_keys is not None)
+        return Verification(digest, file_sha256, self.signed, self.key_id, trusted_keys is not None)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary (what ``exstill-pack inspect`` prints)."""
@@ -271,7 +277,7 @@ class CardImage:
                 int(np.prod(t.shape)) for n, t in self.tensors.items() if not n.endswith(".scale")
             ),
             "data_bytes": self.data_size,
-            "digest": self.digest.hex(),
+            "content_sha256": self.content_sha256.hex(),
             "signed": self.signed,
             "key_id": self.key_id.hex() if self.key_id else None,
         }
@@ -303,6 +309,8 @@ def open_image(
             if size == 0:
                 raise _fail(f"{path} is empty")
             buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        raise ImageNotFoundError(f"cannot open {path}: no such file") from None
     except OSError as exc:
         raise ImageError(f"cannot open {path}: {exc.strerror or exc}") from None
     try:

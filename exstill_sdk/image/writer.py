@@ -9,10 +9,11 @@ releases the GIL on large buffers), so hashing overlaps reading and writing.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import queue
-import tempfile
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,11 +24,13 @@ from typing import Any, BinaryIO
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from exstill_sdk.errors import ImageError
 from exstill_sdk.image.format import (
     ALIGNMENT,
     FORMAT_VERSION,
     HEADER_SIZE,
     NUMPY_DTYPES,
+    TRAILER_SIZE,
     align,
 )
 from exstill_sdk.image.metadata import encode_metadata
@@ -71,12 +74,21 @@ class _Hasher:
         self._thread.join()
         return self._hash.digest()
 
+    def digest_with(self, tail: bytes) -> bytes:
+        """The digest of the stream followed by ``tail`` (after ``digest``)."""
+        h = self._hash.copy()
+        h.update(tail)
+        return h.digest()
+
 
 @dataclass(frozen=True)
 class WrittenImage:
     path: Path
     size: int
-    digest: bytes
+    content_sha256: bytes
+    """SHA-256 of everything before the trailer: what the trailer records and a signature covers."""
+    file_sha256: bytes
+    """SHA-256 of the whole file: what the card keys an upload by, and flash and list show."""
     key_id: bytes | None
 
 
@@ -96,6 +108,19 @@ def build_trailer(digest: bytes, key: Ed25519PrivateKey | None) -> tuple[bytes, 
         )
     )
     return trailer, kid if key is not None else None
+
+
+def _temporary_beside(path: Path) -> Path:
+    """A new file's name in ``path``'s directory, for writing then renaming over ``path``. The
+    file gets the usual mode (0666 less the umask), as ``open`` would give ``path`` itself."""
+    directory = path.parent
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            errno.ENOENT,
+            "no such directory: create it first, or write the image elsewhere",
+            str(directory),
+        )
+    return directory / f".{path.name}.{secrets.token_hex(4)}.partial"
 
 
 class ImageWriter:
@@ -149,15 +174,14 @@ class ImageWriter:
             )
         )
         self._offsets = [data_offset + o for o in offsets]
-        self._hash = _Hasher()
         self.data_size = data_size
         self.total_size = data_offset + data_size
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent or ".")
-        self._tmp = Path(tmp)
-        self._file: BinaryIO = os.fdopen(fd, "wb")
         self._pos = 0
         self._next = 0
-        try:
+        self._tmp = _temporary_beside(self.path)
+        self._hash = _Hasher()
+        try:  # from here on, anything (Ctrl-C included) removes the partial file
+            self._file: BinaryIO = open(self._tmp, "xb")  # noqa: SIM115 - closed by finish/abort
             self._put(header)
             self._pad_to(table_offset, meta)
             self._pad_to(data_offset, table)
@@ -205,6 +229,7 @@ class ImageWriter:
             assert self._pos == self.total_size
             digest = self._hash.digest()
             trailer, kid = build_trailer(digest, signing_key)
+            file_sha256 = self._hash.digest_with(trailer)
             self._file.write(trailer)
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -213,12 +238,14 @@ class ImageWriter:
         except BaseException:
             self.abort()
             raise
-        return WrittenImage(self.path, self.total_size + len(trailer), digest, kid)
+        return WrittenImage(self.path, self.total_size + len(trailer), digest, file_sha256, kid)
 
     def abort(self) -> None:
-        """Discard the partial file."""
-        if not self._file.closed:
-            self._file.close()
+        """Discard the partial file (again, harmlessly, when it is gone already)."""
+        file = getattr(self, "_file", None)  # absent when opening it was interrupted
+        if file is None or not file.closed:
+            if file is not None:
+                file.close()
             self._hash.digest()  # stop the hashing thread
         self._tmp.unlink(missing_ok=True)
 
@@ -232,4 +259,48 @@ class ImageWriter:
             self.abort()
 
 
-__all__ = ["ALIGNMENT", "ImageWriter", "TensorSpec", "WrittenImage", "build_trailer"]
+def sign_image(
+    path: str | Path, key: Ed25519PrivateKey, output: str | Path | None = None
+) -> WrittenImage:
+    """Sign a packed image (replacing any signature it had): its digest is checked first, then
+    a copy with the new trailer is written beside ``output`` (default: the image itself) and
+    renamed over it, so a crash leaves either the old file or the new one."""
+    from exstill_sdk.image.reader import open_image
+
+    source = Path(path)
+    target = Path(output) if output is not None else source
+    with open_image(source, verify=True) as image:
+        content = image.content_sha256
+        body = image.size - TRAILER_SIZE
+    trailer, kid = build_trailer(content, key)
+    tmp = _temporary_beside(target)
+    try:
+        with open(source, "rb") as src, open(tmp, "xb") as dst:
+            h = hashlib.sha256()
+            left = body
+            while left:
+                chunk = src.read(min(WRITE_CHUNK, left))
+                if not chunk:
+                    raise ImageError(f"{source} shrank while it was being signed")
+                dst.write(chunk)
+                h.update(chunk)
+                left -= len(chunk)
+            dst.write(trailer)
+            h.update(trailer)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return WrittenImage(target, body + TRAILER_SIZE, content, h.digest(), kid)
+
+
+__all__ = [
+    "ALIGNMENT",
+    "ImageWriter",
+    "TensorSpec",
+    "WrittenImage",
+    "build_trailer",
+    "sign_image",
+]

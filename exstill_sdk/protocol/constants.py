@@ -123,6 +123,8 @@ ADMIN_OPCODES = frozenset(
         Opcode.ERASE,
     }
 )
+STORE_OPCODES = ADMIN_OPCODES | {Opcode.LIST_IMAGES}
+"""What a card with an image store (Features.IMAGE_STORE) serves beyond drafting."""
 """Administration: what changes the image store. On a network link it needs a session that
 proved the card's admin key (AUTH)."""
 
@@ -131,6 +133,8 @@ class Features(IntFlag):
     NONE = 0
     PREFETCH = 0x01
     PIPELINING = 0x02
+    IMAGE_STORE = 0x04
+    """The card holds flashed images (UPLOAD_*, ACTIVATE, CONFIRM, REVERT, ERASE, LIST_IMAGES)."""
 
 
 class ImageState(IntEnum):

@@ -21,6 +21,7 @@ _TIMEVAL = struct.Struct("@ll")
 
 class TcpTransport(ByteStreamTransport):
     scheme = "tcp"
+    sniff_greeting = True
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__()

@@ -17,6 +17,7 @@ import socket
 import threading
 from contextlib import suppress
 
+from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.protocol.constants import ErrorCode
 from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
 
@@ -47,7 +48,7 @@ class TcpCardServer:
         """``remote_needs_key``: a client on another host must prove the runtime's admin key
         for every request (False: for administration only, as on loopback)."""
         if max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, not {max_connections}")
+            raise InvalidArgumentError(f"max_connections must be at least 1, not {max_connections}")
         self.runtime = runtime
         self.max_connections = max_connections
         self.remote_needs_key = remote_needs_key

@@ -72,7 +72,9 @@ class TransformerEngine(DraftEngine):
     ) -> None:
         arch = image.arch
         if not 1 <= rows <= 255 or positions < 16 or not 0 <= sinks < positions // 4:
-            raise ValueError("bad engine geometry (rows 1..255, positions >= 16, sinks < 1/4)")
+            raise InvalidArgumentError(
+                "bad engine geometry (rows 1..255, positions >= 16, sinks < 1/4)"
+            )
         self.image = image
         self.arch = arch
         self.name = image.target

@@ -48,7 +48,12 @@ def test_bad_arguments_exit_2() -> None:
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 2 and "scheme" in out.stderr
+    error = json.loads(out.stdout)  # with --json the error is one JSON object on stdout
+    assert out.returncode == 2 and error["exit"] == 2 and "scheme" in error["error"]
+    out = subprocess.run(
+        [script("exstill-bench"), "roundtrip", "--url", "bogus://"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "scheme" in out.stderr
 
 
 def test_engine_bench_json() -> None:

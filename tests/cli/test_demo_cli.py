@@ -78,7 +78,7 @@ def test_demo_against_a_card_over_tcp() -> None:
     proc, url = start_emu("--context", "2048")  # no demo draft on this card
     try:
         out = demo("--target", "small", "--url", url, "--max-new-tokens", "8")
-        assert out.returncode == 2 and "exstill-flash" in out.stderr
+        assert out.returncode == 1 and "exstill-flash" in out.stderr  # the card said no
         assert out.stdout == ""  # the card is asked first: no prompt printed before failing
     finally:
         proc.terminate()

@@ -65,7 +65,7 @@ def test_flash_list_rollback_erase_and_restart(tmp_path: Path, admin_key: Path) 
             assert {e.version for e in card.list_images() if e.state == 3} == {"1"}
         assert flash("--url", url, "--erase", "tiny", *key).returncode == 0
         missing = flash(str(tmp_path / "nope.img"), "--url", url, *key)
-        assert missing.returncode == 1 and "nope.img" in missing.stderr
+        assert missing.returncode == 2 and "nope.img" in missing.stderr  # a mistyped path
     finally:
         proc.terminate()
         proc.wait(10)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from exstill_sdk.adapters.onnx import OnnxTarget
-from exstill_sdk.bench.e2e import held_out_prompts
 from exstill_sdk.demo import demo_dir, demo_target
+from exstill_sdk.demo.pair import held_out_prompts
 from exstill_sdk.errors import ImageError
 from exstill_sdk.image import open_image
 from exstill_sdk.image.expand import Widths, expand_image, expanded_config, parameter_count
@@ -57,7 +57,7 @@ def test_any_width_preserves_the_function(tmp_path: Path, texts: list[list[int]]
     written = expand_image(small, out, widths, target="w320", seed=5, progress=calls.append)
     assert sum(calls) == 4 * parameter_count(expanded_config(small.arch, widths))
     expanded = open_image(out, verify=True)
-    assert expanded.digest == written.digest and expanded.arch.num_heads == 6
+    assert expanded.content_sha256 == written.content_sha256 and expanded.arch.num_heads == 6
     ids = texts[1][:120]
     assert np.abs(_logits(small, ids) - _logits(expanded, ids)).max() < 1e-4
 
@@ -67,14 +67,14 @@ def test_expansion_is_deterministic_and_refuses_to_shrink(tmp_path: Path) -> Non
     widths = Widths.scaled(small.arch, 384)
     a = expand_image(small, tmp_path / "a.img", widths, target="a")
     b = expand_image(small, tmp_path / "b.img", widths, target="a")
-    assert a.digest == b.digest
+    assert a.content_sha256 == b.content_sha256
     with pytest.raises(ValueError, match="below the source"):
         expanded_config(small.arch, Widths(128, 2, 768))
 
 
 def test_a_damaged_cache_entry_is_rebuilt(demo_cache: Path) -> None:
     before = demo_target("large").image
-    path, digest = before.path, before.digest
+    path, digest = before.path, before.content_sha256
     before.close()
     assert path is not None and path.is_relative_to(demo_cache)
     with open(path, "r+b") as f:
@@ -86,4 +86,6 @@ def test_a_damaged_cache_entry_is_rebuilt(demo_cache: Path) -> None:
         open_image(path, verify=True)
     rebuilt = demo_target("large").image
     rebuilt.verify()  # raises if the digest does not hold
-    assert rebuilt.digest == digest  # the same bytes as the first build: it is deterministic
+    assert (
+        rebuilt.content_sha256 == digest
+    )  # the same bytes as the first build: it is deterministic

@@ -45,7 +45,8 @@ def test_pack_inspect_verify_keygen(llama_dir: Path, tmp_path: Path) -> None:
     out = run("inspect", str(image), "--json")
     info = json.loads(out.stdout)
     assert info["target"] == "tiny-llama" and info["arch"]["num_layers"] == 2
-    assert info["digest"] == packed["digest"] and info["tokenizer"]["vocab_size"] == 96
+    assert info["content_sha256"] == packed["content_sha256"]
+    assert info["file_sha256"] == packed["file_sha256"] and info["tokenizer"]["vocab_size"] == 96
     human = run("inspect", str(image)).stdout
     assert "tiny-llama" in human and "exstill-decoder-v1" in human
 
@@ -63,11 +64,11 @@ def test_unsupported_checkpoint_is_one_clear_line(tmp_path: Path) -> None:
     out = run(str(tmp_path / "ckpt"), "-o", str(tmp_path / "x.img"), "--target", "x")
     assert out.returncode == 2
     assert out.stderr.strip() == (
-        "exstill-pack pack: model_type 'gpt2' is not supported; exstill-pack reads llama, "
+        "exstill-pack: model_type 'gpt2' is not supported; exstill-pack reads llama, "
         "mistral, qwen2, qwen3 checkpoints"
     )
     out = run("inspect", str(tmp_path / "missing.img"))
-    assert out.returncode == 1 and "cannot open" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "no such file" in out.stderr and "Traceback" not in out.stderr
 
 
 @settings(

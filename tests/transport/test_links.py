@@ -20,7 +20,7 @@ from exstill_sdk import (
     LinkTimeoutError,
     open_card,
 )
-from exstill_sdk.spec import SpeculativeDecoder, TargetAdapter
+from exstill_sdk.speculative import SpeculativeDecoder, TargetAdapter
 from exstill_sdk.transport.usb import register_usb_backend
 
 LINKS = ["emu", "tcp", "serial", "usb"]

@@ -14,7 +14,7 @@ from exstill_sdk import WireMode, open_card
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.bench.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
-from exstill_sdk.spec import SamplingParams, SpeculativeDecoder, target_probs
+from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder, target_probs
 
 VOCAB = 16
 PROMPT = [3, 7, 1, 12]

@@ -7,12 +7,12 @@ import pytest
 from scipy import stats
 
 from exstill_sdk.protocol.messages import Distribution
-from exstill_sdk.spec.acceptance import (
+from exstill_sdk.speculative.acceptance import (
     verify_greedy,
     verify_tokens_only,
     verify_with_distributions,
 )
-from exstill_sdk.spec.sampling import SamplingParams, target_probs
+from exstill_sdk.speculative.sampling import SamplingParams, target_probs
 
 VOCAB = 10
 

@@ -26,7 +26,7 @@ from exstill_sdk.bench.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
 from exstill_sdk.protocol.constants import Opcode
 from exstill_sdk.protocol.framing import Deframer
-from exstill_sdk.spec import SpeculativeDecoder
+from exstill_sdk.speculative import SpeculativeDecoder
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import numpy as np
 
 from exstill_sdk.errors import ProtocolError, TargetOutputError
 from exstill_sdk.protocol.messages import Distribution
-from exstill_sdk.spec.sampling import sample
+from exstill_sdk.speculative.sampling import sample
 
 
 def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:

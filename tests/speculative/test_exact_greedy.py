@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from exstill_sdk import open_card  # noqa: E402
 from exstill_sdk.adapters.hf import HFTarget  # noqa: E402
 from exstill_sdk.adapters.onnx import OnnxTarget  # noqa: E402
-from exstill_sdk.spec import SpeculativeDecoder  # noqa: E402
+from exstill_sdk.speculative import SpeculativeDecoder  # noqa: E402
 
 N_NEW = 64
 

@@ -1,11 +1,11 @@
 """Speculative decoding with an Exstill card: the decoder, acceptance rules, K policies,
 metrics, and the TargetAdapter interface a target implements."""
 
-from exstill_sdk.spec.adapter import TargetAdapter
-from exstill_sdk.spec.adaptive import AdaptiveK, FixedK, KPolicy
-from exstill_sdk.spec.decoder import GenerationResult, SpeculativeDecoder
-from exstill_sdk.spec.metrics import SpecMetrics
-from exstill_sdk.spec.sampling import SamplingParams, target_probs
+from exstill_sdk.speculative.adapter import TargetAdapter
+from exstill_sdk.speculative.adaptive import AdaptiveK, FixedK, KPolicy
+from exstill_sdk.speculative.decoder import GenerationResult, SpeculativeDecoder
+from exstill_sdk.speculative.metrics import SpecMetrics
+from exstill_sdk.speculative.sampling import SamplingParams, target_probs
 
 __all__ = [
     "AdaptiveK",

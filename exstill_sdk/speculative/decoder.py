@@ -29,15 +29,15 @@ from exstill_sdk.errors import (
     UnknownModelError,
 )
 from exstill_sdk.protocol.constants import WireMode
-from exstill_sdk.spec.acceptance import (
+from exstill_sdk.speculative.acceptance import (
     verify_greedy,
     verify_tokens_only,
     verify_with_distributions,
 )
-from exstill_sdk.spec.adapter import TargetAdapter
-from exstill_sdk.spec.adaptive import AdaptiveK, FixedK, KPolicy
-from exstill_sdk.spec.metrics import SpecMetrics
-from exstill_sdk.spec.sampling import SamplingParams, target_probs
+from exstill_sdk.speculative.adapter import TargetAdapter
+from exstill_sdk.speculative.adaptive import AdaptiveK, FixedK, KPolicy
+from exstill_sdk.speculative.metrics import SpecMetrics
+from exstill_sdk.speculative.sampling import SamplingParams, target_probs
 
 FinishReason = Literal["stop", "length"]
 RECONNECT_ATTEMPTS = 3
@@ -96,7 +96,7 @@ class SpeculativeDecoder:
 
     ``draft`` names the card's target image to draft with (its tokenizer must be the
     target's); without it, the card's built-in ``engine`` (prompt lookup by default) drafts.
-    ``k`` is a fixed draft length or ``"adaptive"`` (see exstill_sdk.spec.adaptive).
+    ``k`` is a fixed draft length or ``"adaptive"`` (see exstill_sdk.speculative.adaptive).
     """
 
     def __init__(

@@ -12,7 +12,7 @@ import pytest
 from exstill_sdk import open_card
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.demo import DRAFT_TARGET, demo_dir, demo_tokenizer, emulator_url
-from exstill_sdk.spec import AdaptiveK, KPolicy, SpeculativeDecoder
+from exstill_sdk.speculative import AdaptiveK, KPolicy, SpeculativeDecoder
 
 
 def simulate(
@@ -145,7 +145,7 @@ def test_switching_between_k_zero_and_drafting_stays_exact(
 
 def test_the_pairs_limit_is_the_best_k_over_its_verify_cost() -> None:
     from exstill_sdk.bench.speedup import pair_limit
-    from exstill_sdk.spec import SpecMetrics
+    from exstill_sdk.speculative import SpecMetrics
 
     m = SpecMetrics(max_k=3)
     m.record_round(3, 3, 4)

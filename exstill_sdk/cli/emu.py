@@ -18,9 +18,7 @@ from exstill_sdk.cli.support import (
     EXIT_OK,
     Parser,
     UsageError,
-    exit_code,
-    message_of,
-    report,
+    fail,
 )
 from exstill_sdk.errors import ExstillError
 
@@ -181,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     except (ExstillError, OSError) as exc:
-        return report("exstill-emu", message_of(exc), exit_code(exc), args.json)
+        return fail("exstill-emu", exc, args.json)
     if args.json:
         where = (
             {"path": server.path}

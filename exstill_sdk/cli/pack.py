@@ -178,34 +178,48 @@ def _human(command: str, r: dict[str, Any]) -> str:
             f"key id {r['key_id'][:16]}"
         )
     arch = r["arch"]
-    return "\n".join(
-        [
-            f"{r['path']}: card image for target {r['target']!r} (version {r['image_version']})",
-            f"  architecture  {arch['name']} from {arch['source'] or '?'}: {arch['num_layers']} "
-            f"layers, hidden {arch['hidden_size']}, heads {arch['num_heads']}/"
-            f"{arch['num_kv_heads']} x {arch['head_dim']}, vocab {arch['vocab_size']}",
-            f"  weights       {r['dtype']}, {r['parameters']:,} parameters in {r['tensors']} "
-            f"tensors, {r['data_bytes']:,} bytes",
-            f"  tokenizer     vocab {r['tokenizer']['vocab_size']}, sha256 "
-            f"{r['tokenizer']['sha256'][:16]}..., special {r['tokenizer']['special_ids']}",
-            *_vocab_note(arch["vocab_size"], r["tokenizer"]["vocab_size"]),
-            f"  content_sha256 {r['content_sha256']}"
-            + (" (checked)" if r["digest_checked"] else " (not checked)"),
-            f"  file_sha256   {r['file_sha256'] or '(not computed: --no-verify)'}",
-            f"  signature     {('key ' + r['key_id'][:16] + '...') if r['signed'] else 'none'}",
-            f"  created by    {r['created_by']}",
-        ]
-    )
+    tok = r["tokenizer"]
+    rows = [
+        (
+            "architecture",
+            f"{arch['name']} from {arch['source'] or '?'}: {arch['num_layers']} layers, hidden "
+            f"{arch['hidden_size']}, heads {arch['num_heads']}/{arch['num_kv_heads']} x "
+            f"{arch['head_dim']}, vocab {arch['vocab_size']}",
+        ),
+        (
+            "weights",
+            f"{r['dtype']}, {r['parameters']:,} parameters in {r['tensors']} tensors, "
+            f"{r['data_bytes']:,} bytes",
+        ),
+        (
+            "tokenizer",
+            f"vocab {tok['vocab_size']}, sha256 {tok['sha256'][:16]}..., special "
+            f"{tok['special_ids']}",
+        ),
+        *_vocab_note(arch["vocab_size"], tok["vocab_size"]),
+        (
+            "content_sha256",
+            r["content_sha256"] + (" (checked)" if r["digest_checked"] else " (not checked)"),
+        ),
+        ("file_sha256", r["file_sha256"] or "(not computed: --no-verify)"),
+        ("signature", f"key {r['key_id'][:16]}..." if r["signed"] else "none"),
+        ("created by", r["created_by"]),
+    ]
+    head = f"{r['path']}: card image for target {r['target']!r} (version {r['image_version']})"
+    return "\n".join([head, *(f"  {label:<15} {text}" for label, text in rows)])
 
 
-def _vocab_note(model_vocab: int, tokenizer_vocab: int) -> list[str]:
+def _vocab_note(model_vocab: int, tokenizer_vocab: int) -> list[tuple[str, str]]:
     """Why a tokenizer smaller than the model's vocabulary is fine (models pad their rows)."""
     if tokenizer_vocab >= model_vocab:
         return []
     padding = model_vocab - tokenizer_vocab
     return [
-        f"                (the model has {model_vocab} vocabulary rows, {padding} of them padding "
-        "that no token uses: expected, the target never produces those ids)"
+        (
+            "",
+            f"(the model has {model_vocab} vocabulary rows, {padding} of them padding that no "
+            "token uses: expected, the target never produces those ids)",
+        )
     ]
 
 

@@ -85,14 +85,13 @@ def run(
             prog, "interrupted" + (f"; {how_far}" if how_far else ""), EXIT_INTERRUPTED, as_json
         )
     except (ExstillError, OSError) as exc:
-        extra = hint(exc) if hint is not None and not as_json else ""
-        return report(
-            prog,
-            message_of(exc) + extra,
-            exit_code(exc),
-            as_json,
-            int(getattr(exc, "code", 0)) if isinstance(exc, ExstillError) else 0,
-        )
+        return fail(prog, exc, as_json, hint(exc) if hint is not None and not as_json else "")
+
+
+def fail(prog: str, exc: BaseException, as_json: bool, hint: str = "") -> int:
+    """Report an error under the convention; its exit code."""
+    error_code = int(exc.code) if isinstance(exc, ExstillError) else 0
+    return report(prog, message_of(exc) + hint, exit_code(exc), as_json, error_code)
 
 
 def print_result(result: dict[str, Any], as_json: bool, human: Callable[[], str]) -> None:

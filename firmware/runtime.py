@@ -68,16 +68,16 @@ MAX_K_LIMIT = 64
 
 Handler = Callable[[Session, int, bytes], bytes]
 DRAFT_HEAD = m.DRAFT_REPLY_HEAD
-COMMIT = m.COMMIT_REQUEST
 _GUARDED = {
     NETWORK: ADMIN_OPCODES,
     REMOTE: frozenset(Opcode) - {Opcode.HELLO, Opcode.PING, Opcode.AUTH_CHALLENGE, Opcode.AUTH},
 }
 """Per link kind, the requests that need an authenticated session."""
-_STREAM_OPS = frozenset(
+_NEEDS_HANDSHAKE = frozenset(
     {Opcode.OPEN, Opcode.CLOSE, Opcode.PREFILL, Opcode.DRAFT, Opcode.COMMIT, Opcode.ROLLBACK}
-    | {op for op in Opcode if 0x20 <= op <= 0x2F}  # the image store's requests too
+    | STORE_OPCODES
 )
+"""Requests a session may make only after its HELLO."""
 
 
 class CardRuntime:
@@ -186,7 +186,7 @@ class CardRuntime:
                         else f"unknown opcode 0x{op:02x}",
                         ErrorCode.UNKNOWN_OPCODE,
                     )
-                if session.version is None and op in _STREAM_OPS:
+                if session.version is None and op in _NEEDS_HANDSHAKE:
                     raise ProtocolError(
                         "send HELLO before using streams", ErrorCode.HANDSHAKE_REQUIRED
                     )
@@ -397,7 +397,7 @@ class CardRuntime:
             stream = self.streams.get(session, handle)  # raises the typed error
         if len(payload) != 6:
             raise ProtocolError(f"COMMIT payload must be 6 bytes, got {len(payload)}")
-        accepted, next_k, bonus = COMMIT.unpack(payload)
+        accepted, next_k, bonus = m.COMMIT_REQUEST.unpack(payload)
         vocab = stream.engine.vocab_size
         if vocab and bonus >= vocab:
             raise InvalidArgumentError(

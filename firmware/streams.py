@@ -63,7 +63,6 @@ class Stream:
         "handle",
         "max_k",
         "pending",
-        "pending_dists",
         "prefetch",
         "prefetch_scheduled",
         "sampling",
@@ -97,7 +96,6 @@ class Stream:
         self.closed = False
         self.pending = b""
         """The last draft's tokens (u32 LE), which a COMMIT accepts a prefix of."""
-        self.pending_dists: tuple = ()
         self.guess: bytes | None = None
         """The engine's guess for the bonus token after a fully accepted draft."""
         self.prefetch: PrefetchResult | None = None

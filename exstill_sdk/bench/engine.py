@@ -101,11 +101,12 @@ def run(
     """Benchmark an image, or a synthetic Llama draft ``LAYERSxHIDDEN`` (vocab 32000)."""
     from exstill_firmware.engines.transformer import TransformerEngine
 
+    from exstill_sdk.bench.synthetic import synthetic_image
     from exstill_sdk.image import open_image
 
     with tempfile.TemporaryDirectory(prefix="exstill-bench-engine-") as tmp:
         if synthetic:
-            image_path = _synthetic_image(Path(tmp), synthetic)
+            image_path = synthetic_image(Path(tmp), synthetic)
         if image_path is None:
             raise InvalidArgumentError("give an image or --synthetic LAYERSxHIDDEN")
         image = open_image(image_path, verify=True)
@@ -155,27 +156,3 @@ def run(
             result["hf_eager_us_per_token"] = None
             result["hf_unavailable"] = hf_error
         return result
-
-
-def _synthetic_image(root: Path, spec: str) -> str:
-    from exstill_sdk.bench.synthetic import write_checkpoint
-    from exstill_sdk.image.pack import pack_checkpoint
-
-    try:
-        layers, hidden = (int(x) for x in spec.lower().split("x"))
-    except ValueError:
-        raise InvalidArgumentError(
-            f"--synthetic wants LAYERSxHIDDEN, e.g. 2x256, not {spec!r}"
-        ) from None
-    write_checkpoint(
-        root / "ckpt",
-        layers=layers,
-        hidden=hidden,
-        intermediate=hidden * 11 // 4,
-        heads=max(1, hidden // 64),
-        kv_heads=max(1, hidden // 128),
-        vocab=32000,
-    )
-    path = str(root / "draft.img")
-    pack_checkpoint(root / "ckpt", path, f"synthetic-{spec}")
-    return path

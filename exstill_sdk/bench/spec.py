@@ -37,9 +37,9 @@ def run(
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="exstill-bench-spec-") as tmp:
         if synthetic:
-            from exstill_sdk.bench.engine import _synthetic_image
+            from exstill_sdk.bench.synthetic import synthetic_image
 
-            image_path = _synthetic_image(Path(tmp), synthetic)
+            image_path = synthetic_image(Path(tmp), synthetic)
         if image_path is None:
             raise InvalidArgumentError("give a target image or --synthetic LAYERSxHIDDEN")
         target = OnnxTarget(image_path, max_sequences=2, positions=POSITIONS)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from exstill_sdk.errors import InvalidArgumentError
+
 
 def write_checkpoint(
     directory: Path,
@@ -76,3 +78,28 @@ def write_checkpoint(
         )
     save_file(tensors, str(directory / "model.safetensors"))
     return directory
+
+
+def synthetic_image(root: Path, spec: str) -> str:
+    """A random Llama of LAYERSxHIDDEN (e.g. ``2x256``, vocab 32000) packed as a card image in
+    ``root``; its path."""
+    from exstill_sdk.image.pack import pack_checkpoint
+
+    try:
+        layers, hidden = (int(x) for x in spec.lower().split("x"))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--synthetic wants LAYERSxHIDDEN, e.g. 2x256, not {spec!r}"
+        ) from None
+    write_checkpoint(
+        root / "ckpt",
+        layers=layers,
+        hidden=hidden,
+        intermediate=hidden * 11 // 4,
+        heads=max(1, hidden // 64),
+        kv_heads=max(1, hidden // 128),
+        vocab=32000,
+    )
+    path = str(root / "draft.img")
+    pack_checkpoint(root / "ckpt", path, f"synthetic-{spec}")
+    return path

@@ -10,6 +10,7 @@ import signal
 import sys
 from urllib.parse import urlsplit
 
+from exstill_firmware.emulator import CardOptions
 from exstill_firmware.engines import BUILTIN_ENGINES
 
 from exstill_sdk.auth import load_admin_key
@@ -24,6 +25,10 @@ from exstill_sdk.errors import ExstillError
 
 EXIT_POWER_CUT = 75
 """exstill-emu's own: the fault-injection power cut (--power-cut-after) happened."""
+
+
+CARD = CardOptions()
+"""A card's defaults, shared with emu:// URLs."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,13 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve on a serial line instead: 'pty' opens a pseudo-terminal pair and prints "
         "its serial:// URL",
     )
-    p.add_argument("--streams", type=int, default=12, help="stream slots (default 12)")
-    p.add_argument("--context", type=int, default=16384, help="tokens per slot (default 16384)")
+    p.add_argument(
+        "--streams", type=int, default=CARD.slots, help=f"stream slots (default {CARD.slots})"
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=CARD.context,
+        help=f"tokens per slot (default {CARD.context})",
+    )
     p.add_argument(
         "--engine",
         action="append",
         choices=sorted(BUILTIN_ENGINES),
-        help="built-in engine to load (repeatable; default: lookup)",
+        help=f"built-in engine to load (repeatable; default: {', '.join(CARD.engines)})",
     )
     p.add_argument(
         "--image",
@@ -77,10 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads",
         type=int,
-        default=0,
+        default=CARD.threads,
         help="compute threads per transformer engine (default 0: one per core)",
     )
-    p.add_argument("--max-k", type=int, default=16, help="largest K a stream may ask for")
+    p.add_argument(
+        "--max-k",
+        type=int,
+        default=CARD.max_k,
+        help=f"largest K a stream may ask for (default {CARD.max_k})",
+    )
     p.add_argument(
         "--admin-key",
         metavar="FILE",
@@ -121,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="exstill-emu: %(message)s",
     )
-    from exstill_firmware import CardRuntime
-    from exstill_firmware.emulator import PtyCardServer, TcpCardServer, build_engines
+    from exstill_firmware.emulator import PtyCardServer, TcpCardServer, build_runtime
 
     listen = urlsplit(args.listen)
     try:
@@ -135,37 +151,24 @@ def main(argv: list[str] | None = None) -> int:
                 "key anyone who can connect could use it: give --admin-key FILE (make one with "
                 "exstill-flash --new-key FILE), or --insecure to serve drafting to anyone"
             )
-        engines = build_engines(
-            args.engine or ["lookup"],
-            args.image,
-            args.streams,
-            args.context,
-            args.trusted_keys,
-            threads=args.threads,
-        )
-        store = None
-        if args.store:
-            from exstill_firmware.store import Store
-
-            from exstill_sdk.image import load_trusted_keys
-
-            trusted = load_trusted_keys(args.trusted_keys) if args.trusted_keys else None
-            store = Store(
-                args.store,
-                max_bytes=None if args.store_max_mb is None else int(args.store_max_mb * 2**20),
-                trusted_keys=trusted,
-                fault_after_bytes=args.power_cut_after,
-            )
-        runtime = CardRuntime(
-            args.streams,
-            args.context,
-            engines,
-            store=store,
-            max_k=args.max_k,
-            prefetch=not args.no_prefetch,
-            background_prefetch=False,
-            threads=args.threads,
-            admin_key=admin_key,
+        runtime = build_runtime(
+            CardOptions(
+                slots=args.streams,
+                context=args.context,
+                engines=tuple(args.engine or CARD.engines),
+                images=tuple(args.image),
+                max_k=args.max_k,
+                prefetch=not args.no_prefetch,
+                threads=args.threads,
+                store=args.store,
+                store_max_bytes=None
+                if args.store_max_mb is None
+                else int(args.store_max_mb * 2**20),
+                trusted_keys=args.trusted_keys,
+                power_cut_after=args.power_cut_after,
+                admin_key=admin_key,
+            ),
+            background_prefetch=False,  # the server runs prefetch work between requests
         )
         server: TcpCardServer | PtyCardServer = (
             PtyCardServer(runtime)

@@ -44,7 +44,6 @@ NUMPY_DTYPES: dict[int, np.dtype] = {
     DType.I8: np.dtype("i1"),
 }
 DTYPE_NAMES = {DType.F32: "f32", DType.F16: "f16", DType.I8: "i8"}
-DTYPE_CODES = {v: k for k, v in DTYPE_NAMES.items()}
 
 
 class MetaType:

@@ -15,7 +15,6 @@ from exstill_sdk.protocol.constants import (
     MAX_DIST_ENTRIES,
     MAX_ERROR_MESSAGE,
     MAX_NAME,
-    MAX_PAYLOAD,
     DraftFlags,
     ErrorCode,
 )
@@ -24,7 +23,6 @@ U8 = struct.Struct("<B")
 U16 = struct.Struct("<H")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
-MAX_TOKENS_PER_FRAME = MAX_PAYLOAD // 4
 TOKENS = [struct.Struct(f"<{n}I") for n in range(256)]
 """TOKENS[n] packs n token ids; drafts have at most 255 tokens."""
 WEIGHTS = [struct.Struct(f"<{n}H") for n in range(256)]

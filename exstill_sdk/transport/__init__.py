@@ -1,4 +1,6 @@
-"""Links to a card, picked by URL scheme: ``emu://`` (in-process), ``tcp://HOST:PORT``."""
+"""Links to a card, picked by URL scheme: ``emu://`` (in-process), ``tcp://HOST:PORT``,
+``serial://PORT`` (pyserial), ``usb://VID:PID`` (pyusb); others register with
+``register_transport``."""
 
 from exstill_sdk.transport.base import (
     TracingTransport,

@@ -15,7 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult
 
-from exstill_sdk.errors import BadURLError, LinkTimeoutError
+from exstill_sdk.errors import BadURLError, InvalidArgumentError, LinkTimeoutError
 from exstill_sdk.transport.base import Transport, int_param, query_params
 
 if TYPE_CHECKING:
@@ -34,42 +34,31 @@ class EmuTransport(Transport):
 
     @classmethod
     def from_url(cls, url: SplitResult, timeout: float) -> EmuTransport:
-        from exstill_firmware import CardRuntime
-        from exstill_firmware.emulator import build_engines
+        from exstill_firmware.emulator import CardOptions, build_runtime
 
         if url.netloc or url.path not in ("", "/"):
             raise BadURLError(f"{url.geturl()!r}: the emulator URL is emu:// with ?options")
         params = query_params(url)
-        slots = int_param(params, "streams", 12)
-        context = int_param(params, "context", 16384)
-        max_k = int_param(params, "max_k", 16)
-        prefetch = int_param(params, "prefetch", 1)
-        threads = int_param(params, "threads", 0)
-        store_dir = params.pop("store", None)
-        names = params.pop("engine", "lookup").split(",")
-        images = [p for p in params.pop("image", "").split(",") if p]
+        card = CardOptions()
+        options = CardOptions(
+            slots=int_param(params, "streams", card.slots),
+            context=int_param(params, "context", card.context),
+            max_k=int_param(params, "max_k", card.max_k),
+            prefetch=bool(int_param(params, "prefetch", int(card.prefetch))),
+            threads=int_param(params, "threads", card.threads),
+            store=params.pop("store", None),
+            engines=tuple(params.pop("engine", ",".join(card.engines)).split(",")),
+            images=tuple(p for p in params.pop("image", "").split(",") if p),
+        )
         if params:
             raise BadURLError(
                 f"unknown emu:// option(s) {', '.join(params)}; known: streams, context, "
                 "engine, image, store, max_k, prefetch, threads"
             )
-        engines = build_engines(names, images, slots, context, threads=threads)
         try:
-            from exstill_firmware.store import Store
-
-            store = Store(store_dir) if store_dir else None
-            runtime = CardRuntime(
-                slots,
-                context,
-                engines,
-                max_k=max_k,
-                prefetch=bool(prefetch),
-                store=store,
-                threads=threads,
-            )
-        except ValueError as exc:
+            return cls(build_runtime(options), owns_runtime=True)
+        except InvalidArgumentError as exc:
             raise BadURLError(str(exc)) from None
-        return cls(runtime, owns_runtime=True)
 
     def send_frame(self, frame: bytes) -> None:
         reply = self.runtime.handle(self._session, frame)

@@ -1,8 +1,15 @@
 """Glue that serves the card runtime on a host link (what a card's USB/serial front end does)."""
 
 from .link import SingleHostLink
-from .loading import build_engines
+from .loading import CardOptions, build_engines, build_runtime
 from .serial_server import PtyCardServer
 from .tcp_server import TcpCardServer
 
-__all__ = ["PtyCardServer", "SingleHostLink", "TcpCardServer", "build_engines"]
+__all__ = [
+    "CardOptions",
+    "PtyCardServer",
+    "SingleHostLink",
+    "TcpCardServer",
+    "build_engines",
+    "build_runtime",
+]

@@ -3,9 +3,9 @@
 Each connection's thread blocks in ``recv``, hands whole frames to the runtime (which serves one
 request at a time under its own lock), writes each reply with one ``sendall``, and then runs
 the runtime's prefetch work while the client verifies. The runtime must be created with
-``background_prefetch=False``. Blocking
-reads cost one system call per round, where a selector loop costs three and several
-microseconds of Python; a client that stops reading stalls only its own thread. A client that
+``background_prefetch=False``. A thread blocked in ``recv`` wakes once per read, where a
+selector loop adds a system call and several microseconds of Python per round; a client that
+stops reading stalls only its own thread. A client that
 disconnects, even mid-frame, loses its streams and nothing else.
 """
 

@@ -24,7 +24,7 @@ def test_emu_roundtrip_json() -> None:
     assert {"url", "k", "rounds", "p50_us", "p99_us", "bytes_per_round"} <= result.keys()
     assert result["k"] == 6 and result["rounds"] == 300
     assert result["p50_us"] > 0
-    # 20-byte COMMIT frame + 40-byte reply carrying six tokens; whole frames in process.
+    # 22-byte COMMIT frame + 42-byte reply carrying six tokens; whole frames in process.
     assert result["bytes_per_round"] == 64
 
 

@@ -50,6 +50,18 @@ def seal(body: bytes) -> bytes:
     return body + CRC.pack(crc32(body))
 
 
+def is_whole_frame(data: bytes) -> bool:
+    """Whether ``data`` is one whole frame: its declared length and its CRC hold."""
+    n = len(data)
+    if n < FRAME_OVERHEAD:
+        return False
+    length = HEADER.unpack_from(data)[4]
+    return (
+        n == FRAME_OVERHEAD + length
+        and crc32(memoryview(data)[: n - CRC_SIZE]) == CRC.unpack_from(data, n - CRC_SIZE)[0]
+    )
+
+
 def decode_frame(data: bytes) -> Frame:
     """Parse and check one frame; ProtocolError(BAD_FRAME) says why a frame must be dropped."""
     n = len(data)

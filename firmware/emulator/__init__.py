@@ -1,14 +1,14 @@
 """Glue that serves the card runtime on a host link (what a card's USB/serial front end does)."""
 
-from .link import SingleHostLink
+from .link import HostLink
 from .loading import CardOptions, build_engines, build_runtime
 from .serial_server import PtyCardServer
 from .tcp_server import TcpCardServer
 
 __all__ = [
     "CardOptions",
+    "HostLink",
     "PtyCardServer",
-    "SingleHostLink",
     "TcpCardServer",
     "build_engines",
     "build_runtime",

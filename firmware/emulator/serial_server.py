@@ -14,10 +14,8 @@ import select
 import threading
 import tty
 
-from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
-
 from ..runtime import CardRuntime
-from .link import SingleHostLink
+from .link import HostLink
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +47,7 @@ class PtyCardServer:
         os.write(self._stop_w, b"\x01")
 
     def serve_forever(self) -> None:
-        link = SingleHostLink(self.runtime, self.path)
-        deframer = Deframer()
+        link = HostLink(self.runtime, self.path, single_host=True)
         try:
             while not self._stopped.is_set():
                 ready, _, _ = select.select([self.master, self._stop_r], [], [])
@@ -59,8 +56,7 @@ class PtyCardServer:
                     if self._reset.is_set():
                         self._reset.clear()
                         link.close()
-                        link = SingleHostLink(self.runtime, self.path)
-                        deframer = Deframer()
+                        link = HostLink(self.runtime, self.path, single_host=True)
                     if self._stopped.is_set():
                         break
                     continue
@@ -68,17 +64,10 @@ class PtyCardServer:
                     data = os.read(self.master, 1 << 16)
                 except OSError:  # no terminal end open (cannot happen while we hold one)
                     continue
-                out = bytearray()
-                for frame in deframer.feed(data):
-                    reply = link.handle(frame)
-                    if reply is not None:
-                        out += encode_stream_frame(reply)
-                if out:
-                    os.write(self.master, out)
-                self.runtime.run_prefetch()
-                if deframer.dropped:
-                    self.runtime.telemetry.frames_dropped += deframer.dropped
-                    deframer.dropped = 0
+                replies = link.feed(data)
+                if replies:
+                    os.write(self.master, replies)
+                link.after_replies()
         finally:
             link.close()
             for fd in (self.master, self._terminal, self._stop_r, self._stop_w):

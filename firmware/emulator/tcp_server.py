@@ -1,8 +1,9 @@
 """Serve a CardRuntime on TCP: one thread per client, COBS-framed frames.
 
-Each connection's thread blocks in ``recv``, hands whole frames to the runtime (which serves one
-request at a time under its own lock), writes each reply with one ``sendall``, and then runs
-the runtime's prefetch work while the client verifies. The runtime must be created with
+Each connection's thread blocks in ``recv`` and hands what it read to its HostLink (link.py:
+whole frames to the runtime, which serves one request at a time under its own lock), writes the
+replies of that read with one ``sendall``, and then runs the runtime's prefetch work while the
+client verifies. The runtime must be created with
 ``background_prefetch=False``. A thread blocked in ``recv`` wakes once per read, where a
 selector loop adds a system call and several microseconds of Python per round; a client that
 stops reading stalls only its own thread. A client that
@@ -24,6 +25,7 @@ from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
 from ..runtime import CardRuntime
 from ..store import PowerCut
 from ..streams import NETWORK, REMOTE
+from .link import HostLink
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +143,7 @@ class TcpCardServer:
         host = sock.getpeername()[0]
         local = ipaddress.ip_address(host.split("%")[0]).is_loopback
         link = REMOTE if self.remote_needs_key and not local else NETWORK
-        session = runtime.open_session(peer, link)
-        deframer = Deframer()
+        host_link = HostLink(runtime, peer, link)
         buffer = bytearray(1 << 16)
         why = "disconnected"
         log.info("client %s connected", peer)
@@ -154,14 +155,10 @@ class TcpCardServer:
                     continue  # idle client: keep its streams
                 if n == 0:
                     break
-                for frame in deframer.feed(buffer[:n]):
-                    reply = runtime.handle(session, frame)
-                    if reply is not None:
-                        sock.sendall(encode_stream_frame(reply))
-                runtime.run_prefetch()  # replies are out: draft ahead while the host verifies
-                if deframer.dropped:
-                    runtime.telemetry.frames_dropped += deframer.dropped
-                    deframer.dropped = 0
+                replies = host_link.feed(buffer[:n])
+                if replies:
+                    sock.sendall(replies)
+                host_link.after_replies()
         except OSError as exc:
             why = str(exc) or type(exc).__name__
         except PowerCut:
@@ -169,7 +166,7 @@ class TcpCardServer:
             self.powered_off = True
             self.stop()
         finally:
-            runtime.close_session(session)
+            host_link.close()
             sock.close()
             with self._lock:
                 self._clients.pop(sock, None)

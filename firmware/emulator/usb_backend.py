@@ -28,9 +28,9 @@ import usb.core
 
 from exstill_sdk.transport.usb_ids import INTERFACE_CLASS, PRODUCT_ID, VENDOR_ID
 
-from .. import __version__
 from ..runtime import CardRuntime
-from .link import SingleHostLink
+from ..version import __version__
+from .link import HostLink
 
 EP_OUT, EP_IN = 0x01, 0x81
 MAX_PACKET = 512
@@ -48,7 +48,7 @@ class EmulatedCard:
     serial: str
     address: int
     runtime: CardRuntime = field(init=False)
-    link: SingleHostLink = field(init=False)
+    link: HostLink = field(init=False)
     generation: int = 0
     plugged: bool = True
     configuration: int = 0
@@ -62,7 +62,7 @@ class EmulatedCard:
 
     def __post_init__(self) -> None:
         self.runtime = self.make_runtime()
-        self.link = SingleHostLink(self.runtime, f"usb:{self.serial}")
+        self.link = HostLink(self.runtime, f"usb:{self.serial}", single_host=True)
 
     def inject(self, fault: str, count: int = 1) -> None:
         if fault not in ("stall", "timeout"):
@@ -75,7 +75,7 @@ class EmulatedCard:
             self.link.close()
             self.runtime.shutdown()
             self.runtime = self.make_runtime()
-            self.link = SingleHostLink(self.runtime, f"usb:{self.serial}")
+            self.link = HostLink(self.runtime, f"usb:{self.serial}", single_host=True)
             self.generation += 1
             self.address += 1
             self.configuration = 0

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
-from exstill_sdk.speculative.adapter import TargetAdapter, common_prefix
+from exstill_sdk.speculative.adapter import TargetAdapter
+from exstill_sdk.support.tokens import CachedTokens
 
 
 def _crop(cache: Any, length: int) -> None:
@@ -42,31 +43,30 @@ class HFTarget(TargetAdapter):
             eos if isinstance(eos, list) else [eos] if eos is not None else []
         )
         self.tokenizer = fingerprint_hf_tokenizer(tokenizer) if tokenizer is not None else None
-        self._caches: dict[int, tuple[Any, list[int]]] = {}
+        self._caches: dict[int, tuple[Any, CachedTokens]] = {}
         self._cache_argument = cache_keyword(model)
 
     def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
         import torch
         from transformers import DynamicCache
 
-        tokens = [*context, *draft]
-        cache, cached = self._caches.get(seq_id, (None, []))
-        if cache is None:
-            cache = DynamicCache()
-        start = min(common_prefix(cached, tokens), len(context) - 1)
+        entry = self._caches.get(seq_id)
+        if entry is None:
+            entry = self._caches[seq_id] = (DynamicCache(), CachedTokens())
+        cache, cached = entry
+        start, tail = cached.advance(context, draft)  # O(new tokens)
         _crop(cache, start)
-        ids = torch.tensor([tokens[start:]], device=self.model.device)
-        with torch.no_grad():
+        ids = torch.tensor([tail], device=self.model.device)
+        with torch.no_grad():  # the model extends the cache in place
             out = self.model(input_ids=ids, use_cache=True, **{self._cache_argument: cache})
-        self._caches[seq_id] = (cache, tokens)  # the model extends the cache in place
         return out.logits[0, -(len(draft) + 1) :].float().cpu().numpy()
 
     def rollback(self, seq_id: int, length: int) -> None:
         entry = self._caches.get(seq_id)
         if entry is not None:
-            cache, tokens = entry
+            cache, cached = entry
             _crop(cache, length)
-            del tokens[length:]
+            cached.rollback(length)
 
     def release(self, seq_id: int) -> None:
         self._caches.pop(seq_id, None)

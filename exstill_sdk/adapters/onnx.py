@@ -15,7 +15,8 @@ import numpy as np
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.image.onnx_runner import OnnxDecoder
 from exstill_sdk.image.reader import CardImage, open_image
-from exstill_sdk.speculative.adapter import TargetAdapter, common_prefix
+from exstill_sdk.speculative.adapter import TargetAdapter
+from exstill_sdk.support.tokens import CachedTokens
 
 
 class OnnxTarget(TargetAdapter):
@@ -33,7 +34,7 @@ class OnnxTarget(TargetAdapter):
         self.tokenizer = self.image.tokenizer
         self.positions = positions
         self._rows: dict[int, int] = {}
-        self._cached: dict[int, list[int]] = {}
+        self._cached: dict[int, CachedTokens] = {}
         self._free = list(range(max_sequences))
 
     def _row(self, seq_id: int) -> int:
@@ -46,29 +47,23 @@ class OnnxTarget(TargetAdapter):
                 )
             row = self._rows[seq_id] = min(self._free)
             self._free.remove(row)
-            self._cached[seq_id] = []
+            self._cached[seq_id] = CachedTokens()
         return row
 
     def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
         row = self._row(seq_id)
-        tokens = [*context, *draft]
-        if len(tokens) > self.positions:
+        if len(context) + len(draft) > self.positions:
             raise InvalidArgumentError(
-                f"{len(tokens)} tokens exceed the ONNX target's {self.positions} positions"
+                f"{len(context) + len(draft)} tokens exceed the ONNX target's {self.positions} "
+                "positions"
             )
-        cached = self._cached[seq_id]
-        # The decoder rolls back to the accepted length, so the cache is usually a prefix of
-        # the new tokens: one C-speed list comparison instead of a Python loop over them.
-        same = len(cached) if tokens[: len(cached)] == cached else common_prefix(cached, tokens)
-        start = min(same, len(context) - 1)
-        logits = self.runner.prefill(
-            row, np.asarray(tokens[start:], np.int64), start, last=len(draft) + 1
-        )
-        self._cached[seq_id] = tokens
-        return logits
+        start, tail = self._cached[seq_id].advance(context, draft)  # O(new tokens)
+        return self.runner.prefill(row, np.asarray(tail, np.int64), start, last=len(draft) + 1)
 
     def rollback(self, seq_id: int, length: int) -> None:
-        del self._cached[seq_id][length:]
+        cached = self._cached.get(seq_id)
+        if cached is not None:
+            cached.rollback(length)
 
     def release(self, seq_id: int) -> None:
         row = self._rows.pop(seq_id, None)

@@ -32,14 +32,9 @@ import numpy as np
 from exstill_sdk.card import Card, Draft, DraftStream
 from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError
 from exstill_sdk.protocol.constants import WireMode
+from exstill_sdk.support.tokens import common_prefix, continues
 
 log = logging.getLogger(__name__)
-
-
-def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
-    m = min(len(a), len(b))
-    differ = np.flatnonzero(a[:m] != b[:m])
-    return int(differ[0]) if len(differ) else m
 
 
 @dataclass
@@ -179,8 +174,11 @@ class RowStreams:
 
     @staticmethod
     def _extends(tracked: _Tracked, ctx: np.ndarray) -> bool:
+        """Whether the row's tokens continue the stream's, judged by the tokens just before
+        the new ones (O(window) a step, whatever the context); a row wrongly matched would
+        only draft worse, never change output, since the target verifies every token."""
         n = len(tracked.tokens)
-        return n < len(ctx) and common_prefix_length(tracked.tokens, ctx) == n
+        return n < len(ctx) and continues(tracked.tokens, n, ctx)
 
     def _claim_extending(
         self, unclaimed: dict[int, _Tracked], row: int, ctx: np.ndarray
@@ -199,10 +197,10 @@ class RowStreams:
         if unclaimed:
             best = max(
                 unclaimed,
-                key=lambda r: (common_prefix_length(unclaimed[r].tokens, ctx), r == row),
+                key=lambda r: (common_prefix(unclaimed[r].tokens, ctx), r == row),
             )
             tracked = unclaimed.pop(best)
-            keep = common_prefix_length(tracked.tokens, ctx)
+            keep = common_prefix(tracked.tokens, ctx)
             if keep == len(ctx):
                 keep -= 1  # feed at least one token so the draft follows the whole context
             tracked.stream.rollback(keep)
@@ -234,10 +232,7 @@ class RowStreams:
         k = max(0, min(k, tracked.stream.capacity - len(ctx) - 1))  # room for the bonus
         new = ctx[len(tracked.tokens) :]
         pending = tracked.draft
-        if (
-            pending is not None
-            and common_prefix_length(new[:-1], np.asarray(pending)) == len(new) - 1
-        ):
+        if pending is not None and common_prefix(new[:-1], np.asarray(pending)) == len(new) - 1:
             accepted = len(new) - 1
             return tracked.stream.send_commit(accepted, int(new[-1]), k), accepted
         tracked.stream.prefill([int(t) for t in new])

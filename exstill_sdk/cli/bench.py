@@ -82,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e2e.add_argument("--plot", metavar="DIR", help="also write PNG plots into DIR (matplotlib)")
     e2e.add_argument("--json", action="store_true", help="print one JSON object")
+    ho = sub.add_parser(
+        "host",
+        help="the host's own cost of a round (target and card time excluded) against context",
+    )
+    ho.add_argument(
+        "--contexts", default="100,4000,16000", help="context lengths (default 100,4000,16000)"
+    )
+    ho.add_argument("--rounds", type=int, default=400, help="rounds per timed run (default 400)")
+    ho.add_argument("--k", type=int, default=4, help="draft length (default 4)")
+    ho.add_argument("--repeats", type=int, default=5, help="alternated repeats (default 5)")
+    ho.add_argument("--json", action="store_true", help="print one JSON object")
     fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
     fl.add_argument("--url", required=True, help="a card with an image store")
     fl.add_argument("--size-mb", type=int, default=256, help="image size (default 256 MB)")
@@ -102,14 +113,14 @@ def _sizes(text: str) -> tuple[str, ...]:
     return sizes
 
 
-def _users(text: str) -> tuple[int, ...]:
+def _numbers(option: str, text: str) -> tuple[int, ...]:
     try:
-        users = tuple(int(u) for u in text.split(","))
+        numbers = tuple(int(u) for u in text.split(","))
     except ValueError:
-        raise UsageError(f"--users wants numbers separated by commas, not {text!r}") from None
-    if not users or min(users) < 1:
-        raise UsageError(f"--users wants counts of 1 or more, not {text!r}")
-    return users
+        raise UsageError(f"{option} wants numbers separated by commas, not {text!r}") from None
+    if not numbers or min(numbers) < 1:
+        raise UsageError(f"{option} wants numbers of 1 or more, not {text!r}")
+    return numbers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +154,7 @@ def _main(args: argparse.Namespace) -> int:
             prompt_tokens=args.prompt_tokens,
             new_tokens=args.new_tokens,
             ks=tuple(range(1, args.max_k + 1)),
-            users=_users(args.users),
+            users=_numbers("--users", args.users),
             hf=not args.no_hf,
             sizes=_sizes(args.sizes),
             size_runs=args.size_runs,
@@ -153,6 +164,10 @@ def _main(args: argparse.Namespace) -> int:
             from exstill_sdk.bench.plots import plot_e2e
 
             result["plots"] = [str(p) for p in plot_e2e(result, args.plot)]
+    elif args.bench == "host":
+        from exstill_sdk.bench import host
+
+        result = host.run(_numbers("--contexts", args.contexts), args.rounds, args.k, args.repeats)
     elif args.bench == "flash":
         from exstill_sdk.bench import flash
 

@@ -33,6 +33,7 @@ from exstill_sdk.image.reader import CardImage
 from exstill_sdk.image.rope import inverse_frequencies, rotate
 from exstill_sdk.protocol.constants import ModelKind
 from exstill_sdk.protocol.messages import Distribution
+from exstill_sdk.support.tokens import common_prefix
 
 from .base import DraftEngine, EngineState, Proposal, Sampling
 from .sampling import choose
@@ -40,22 +41,6 @@ from .sampling import choose
 
 def _pack(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}I", *tokens)
-
-
-def _common_prefix(a: bytes | bytearray, b: bytes | bytearray) -> int:
-    """Number of leading u32 tokens a and b share (C-speed slice compares, binary search)."""
-    va, vb = memoryview(a), memoryview(b)
-    n = min(len(a), len(b)) >> 2
-    if va[: 4 * n] == vb[: 4 * n]:
-        return n
-    lo, hi = 0, n  # a and b agree on lo tokens and differ within hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if va[: 4 * mid] == vb[: 4 * mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class TransformerEngine(DraftEngine):
@@ -167,7 +152,7 @@ class _Plan:
             context = bytes(state.tokens) + branch
             n = len(context) >> 2
         k = max(0, min(k, engine.positions - n + 1))  # fed tokens must fit in the cache
-        valid = min(_common_prefix(state.cached, context), n - 1)
+        valid = min(common_prefix(state.cached, context), n - 1)
         last = struct.unpack_from("<I", context, 4 * (n - 1))[0]
         plan = cls(state, k, last, n - 1)
         if k and valid < n - 1:
@@ -246,7 +231,7 @@ class TransformerState(EngineState):
         evict = window - sinks - keep
         if evict <= 0:
             return
-        committed_cached = min(_common_prefix(self.cached, self.tokens), window)
+        committed_cached = min(common_prefix(self.cached, self.tokens), window)
         if committed_cached > sinks + evict:
             src = slice(sinks + evict, committed_cached)
             dst = slice(sinks, committed_cached - evict)

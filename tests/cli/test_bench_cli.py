@@ -1,4 +1,4 @@
-"""exstill-bench roundtrip prints the figures it promises (values are not timed here)."""
+"""exstill-bench prints the figures it promises (values are not timed here)."""
 
 from __future__ import annotations
 
@@ -116,3 +116,30 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
         "e2e_users.png",
     ]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.iterdir())
+
+
+def test_host_cost_bench_json() -> None:
+    out = subprocess.run(
+        [
+            script("exstill-bench"),
+            "host",
+            "--contexts",
+            "100,2000",
+            "--rounds",
+            "60",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    for way in ("host", "host_beside_target"):
+        per_round = result[f"{way}_us_per_round"]
+        # the figures' sizes are for the benchmark to show, not for a test to time
+        assert set(per_round) == {"100", "2000"}
+        assert all(isinstance(v, float) for v in per_round.values())
+        assert isinstance(result[f"{way}_ratio_2000_to_100"], float)

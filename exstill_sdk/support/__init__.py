@@ -1,0 +1,1 @@
+"""Machinery shared by several layers (the host SDK and the card runtime alike)."""

@@ -18,7 +18,6 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple
 from zlib import crc32
 
 from exstill_sdk.auth import answer, load_admin_key
@@ -40,7 +39,6 @@ from exstill_sdk.protocol.constants import (
     HEADER_SIZE,
     PROTOCOL_VERSION,
     RESPONSE_BIT,
-    DraftFlags,
     ErrorCode,
     Features,
     ModelKind,
@@ -49,24 +47,10 @@ from exstill_sdk.protocol.constants import (
     WireMode,
 )
 from exstill_sdk.protocol.frame import CRC, HEADER, seal
+from exstill_sdk.protocol.messages import DraftReply as Draft  # tokens, prefetch_hit, dists
 from exstill_sdk.transport import TracingTransport, Transport, open_transport
 
-COMMIT_FRAME = struct.Struct("<BBHIIBBI")
-DRAFT_FRAME = struct.Struct("<BBHIIB")
-_DRAFT_HEAD = m.DRAFT_REPLY_HEAD
-_TOKENS = m.TOKENS
-_HIT = int(DraftFlags.PREFETCH_HIT)
 DEFAULT_TIMEOUT = 5.0
-
-
-class Draft(NamedTuple):
-    """The card's proposal for the next tokens of a stream."""
-
-    tokens: tuple[int, ...]
-    prefetch_hit: bool = False
-    """True when the card had drafted this ahead while the host verified."""
-    dists: tuple[m.Distribution, ...] | None = None
-    """In DIST wire mode, the exact distribution each token was sampled from."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +67,7 @@ class CardInfo:
     targets: tuple[m.TargetInfo, ...]
 
 
-def _parse_draft(frame: bytes) -> Draft:
-    flags, count = _DRAFT_HEAD.unpack_from(frame, HEADER_SIZE)
-    if flags > _HIT or len(frame) != FRAME_OVERHEAD + 2 + 4 * count:
-        # Distributions, unknown flags or a bad length: the full, checking decoder.
-        reply = m.decode_draft_reply(frame[HEADER_SIZE:-CRC_SIZE])
-        return Draft(reply.tokens, reply.prefetch_hit, reply.dists)
-    return Draft(_TOKENS[count].unpack_from(frame, HEADER_SIZE + 2), bool(flags & _HIT))
+_parse_draft = m.parse_draft_reply_frame
 
 
 class Card:
@@ -525,7 +503,7 @@ class DraftStream:
         card._check_open()
         rid = card._next_rid()
         try:
-            frame = seal(DRAFT_FRAME.pack(PROTOCOL_VERSION, Opcode.DRAFT, rid, self.handle, 1, k))
+            frame = m.draft_frame(rid, self.handle, k)
         except struct.error:
             card._pending.discard(rid)
             raise InvalidArgumentError(f"K must be 0..255, not {k!r}") from None
@@ -554,11 +532,7 @@ class DraftStream:
             card._check_open()
         rid = card._next_rid()
         try:
-            frame = seal(
-                COMMIT_FRAME.pack(
-                    PROTOCOL_VERSION, Opcode.COMMIT, rid, self.handle, 6, accepted, next_k, bonus
-                )
-            )
+            frame = m.commit_frame(rid, self.handle, accepted, next_k, bonus)
         except struct.error:
             card._pending.discard(rid)
             raise InvalidArgumentError(

@@ -41,7 +41,6 @@ from exstill_sdk.protocol.constants import (
     PROTOCOL_VERSION,
     RESPONSE_BIT,
     STORE_OPCODES,
-    DraftFlags,
     ErrorCode,
     Features,
     ModelKind,
@@ -67,7 +66,6 @@ DEFAULT_MAX_K = 16
 MAX_K_LIMIT = 64
 
 Handler = Callable[[Session, int, bytes], bytes]
-DRAFT_HEAD = m.DRAFT_REPLY_HEAD
 _GUARDED = {
     NETWORK: ADMIN_OPCODES,
     REMOTE: frozenset(Opcode) - {Opcode.HELLO, Opcode.PING, Opcode.AUTH_CHALLENGE, Opcode.AUTH},
@@ -437,7 +435,7 @@ class CardRuntime:
         state.extend(committed, hit.prepared if hit is not None else None)
         stream.end_change()
         if hit is not None:
-            return self._serve(stream, next_k, hit.tokens, hit.dists, DraftFlags.PREFETCH_HIT)
+            return self._serve(stream, next_k, hit.tokens, hit.dists, prefetch_hit=True)
         return self._draft_reply(stream, next_k)
 
     # ------------------------------------------------------------ drafting
@@ -459,11 +457,16 @@ class CardRuntime:
         ask = k + 1 if self.prefetcher is not None and k else k
         proposal = stream.state.propose(ask) if k else None
         if proposal is None:
-            return self._serve(stream, 0, b"", None, 0)
-        return self._serve(stream, k, proposal.tokens, proposal.dists, 0)
+            return self._serve(stream, 0, b"", None)
+        return self._serve(stream, k, proposal.tokens, proposal.dists)
 
     def _serve(
-        self, stream: Stream, k: int, tokens: bytes, dists: tuple | None, flags: int
+        self,
+        stream: Stream,
+        k: int,
+        tokens: bytes,
+        dists: tuple | None,
+        prefetch_hit: bool = False,
     ) -> bytes:
         """Reply with the first k of ``tokens``; a (k+1)-th token is the bonus guess that the
         next prefetch drafts after."""
@@ -478,8 +481,7 @@ class CardRuntime:
         if guess and count == k and self.prefetcher is not None:
             self.prefetcher.submit(stream, draft, guess, k)
         if not stream.dist:
-            return DRAFT_HEAD.pack(flags, count) + draft
+            return m.draft_reply_payload(prefetch_hit, draft)
         if dists is None:  # deterministic draft: each position is one-hot
             dists = tuple(m.Distribution((tok,), (1,)) for tok in m.TOKENS[count].unpack(draft))
-        body = b"".join(m.encode_dist(d) for d in dists[:count])
-        return DRAFT_HEAD.pack(flags | DraftFlags.HAS_DIST, count) + draft + body
+        return m.draft_reply_payload(prefetch_hit, draft, dists[:count])

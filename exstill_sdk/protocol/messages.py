@@ -8,16 +8,23 @@ of the same bytes, and tests/protocol/test_schema_agreement.py shows the two agr
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from exstill_sdk.errors import ProtocolError
 from exstill_sdk.protocol.constants import (
+    CRC_SIZE,
+    FRAME_OVERHEAD,
+    HEADER_SIZE,
     MAX_DIST_ENTRIES,
     MAX_ERROR_MESSAGE,
     MAX_NAME,
+    PROTOCOL_VERSION,
     DraftFlags,
     ErrorCode,
+    Opcode,
 )
+from exstill_sdk.protocol.frame import seal
 
 U8 = struct.Struct("<B")
 U16 = struct.Struct("<H")
@@ -334,11 +341,15 @@ class Distribution:
         return sum(w for t, w in zip(self.tokens, self.weights, strict=True) if t == token) / total
 
 
-@dataclass(frozen=True)
-class DraftReply:
+class DraftReply(NamedTuple):
+    """The card's proposal for the next tokens of a stream (a DRAFT or COMMIT reply). A
+    NamedTuple: it is made every round."""
+
     tokens: tuple[int, ...]
     prefetch_hit: bool = False
-    dists: tuple[Distribution, ...] | None = field(default=None)
+    """True when the card had drafted this ahead while the host verified."""
+    dists: tuple[Distribution, ...] | None = None
+    """In DIST wire mode, the exact distribution each token was sampled from."""
 
 
 def encode_dist(d: Distribution) -> bytes:
@@ -351,22 +362,68 @@ def encode_dist(d: Distribution) -> bytes:
         raise _bad("distribution token or weight out of range") from None
 
 
+def draft_reply_payload(
+    prefetch_hit: bool, draft: bytes, dists: tuple[Distribution, ...] | None = None
+) -> bytes:
+    """A DRAFT or COMMIT reply's payload from the drafted tokens as the card keeps them (u32
+    LE bytes): what the card sends every round."""
+    n = len(draft) >> 2
+    flags = DraftFlags.PREFETCH_HIT if prefetch_hit else 0
+    if dists is None:
+        return DRAFT_REPLY_HEAD.pack(flags, n) + draft
+    if len(dists) != n:
+        raise _bad("a draft needs one distribution per token")
+    head = DRAFT_REPLY_HEAD.pack(flags | DraftFlags.HAS_DIST, n)
+    return head + draft + b"".join(encode_dist(d) for d in dists)
+
+
 def encode_draft_reply(m: DraftReply) -> bytes:
     n = len(m.tokens)
-    flags = (DraftFlags.PREFETCH_HIT if m.prefetch_hit else 0) | (
-        DraftFlags.HAS_DIST if m.dists is not None else 0
-    )
     if n > 255:
         raise _bad("a draft has at most 255 tokens")
     try:
-        out = DRAFT_REPLY_HEAD.pack(flags, n) + TOKENS[n].pack(*m.tokens)
+        draft = TOKENS[n].pack(*m.tokens)
     except struct.error:
         raise _bad("token ids must be integers in 0..2**32-1") from None
-    if m.dists is not None:
-        if len(m.dists) != n:
-            raise _bad("a draft needs one distribution per token")
-        out += b"".join(encode_dist(d) for d in m.dists)
-    return out
+    return draft_reply_payload(m.prefetch_hit, draft, m.dists)
+
+
+def parse_draft_reply_frame(frame: bytes) -> DraftReply:
+    """The draft in a checked DRAFT or COMMIT reply frame: what the host reads every round
+    (a plain draft straight from the frame; anything else through ``decode_draft_reply``)."""
+    n = len(frame)
+    flags, count = (
+        DRAFT_REPLY_HEAD.unpack_from(frame, HEADER_SIZE) if n > FRAME_OVERHEAD else (0, 0)
+    )
+    if flags > DraftFlags.PREFETCH_HIT or n != FRAME_OVERHEAD + 2 + 4 * count:
+        return decode_draft_reply(frame[HEADER_SIZE:-CRC_SIZE])  # dists, odd flags, bad length
+    return DraftReply(TOKENS[count].unpack_from(frame, HEADER_SIZE + 2), bool(flags))
+
+
+# The request frames of a round, header and payload in one precompiled struct each.
+COMMIT_FRAME = struct.Struct("<BBHIIBBI")  # header, then accepted, next_k, bonus
+DRAFT_FRAME = struct.Struct("<BBHIIB")  # header, then k
+
+
+def commit_frame(rid: int, handle: int, accepted: int, next_k: int, bonus: int) -> bytes:
+    """A COMMIT frame (struct.error for a field out of range)."""
+    return seal(
+        COMMIT_FRAME.pack(
+            PROTOCOL_VERSION,
+            Opcode.COMMIT,
+            rid,
+            handle,
+            COMMIT_REQUEST.size,
+            accepted,
+            next_k,
+            bonus,
+        )
+    )
+
+
+def draft_frame(rid: int, handle: int, k: int) -> bytes:
+    """A DRAFT frame (struct.error for a K out of range)."""
+    return seal(DRAFT_FRAME.pack(PROTOCOL_VERSION, Opcode.DRAFT, rid, handle, 1, k))
 
 
 def decode_draft_reply(data: bytes) -> DraftReply:

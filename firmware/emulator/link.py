@@ -47,15 +47,15 @@ class HostLink:
         """Serve the frames completed by one read of a byte stream; the bytes to write back
         (every reply of the read, COBS-framed, in one buffer; empty when there is none)."""
         deframer = self._deframer
-        out = bytearray()
-        for frame in deframer.feed(data):
-            reply = self.handle(frame)
-            if reply is not None:
-                out += encode_stream_frame(reply)
+        replies = [
+            encode_stream_frame(reply)
+            for reply in map(self.handle, deframer.feed(data))
+            if reply is not None
+        ]
         if deframer.dropped:
             self.runtime.telemetry.frames_dropped += deframer.dropped
             deframer.dropped = 0
-        return bytes(out)
+        return replies[0] if len(replies) == 1 else b"".join(replies)
 
     def after_replies(self) -> None:
         """Draft ahead while the host verifies (the runtime's queued prefetch work)."""

@@ -56,7 +56,7 @@ class _Chains:
         size = 1 << (size - 1).bit_length()
         head, prev, mask, w = array("i", [-1]) * size, self.prev, size - 1, self.width
         for j in range(self.n, upto):
-            h = hash(bytes(context[4 * j - w : 4 * j])) & mask
+            h = hash(_take(context, 4 * j - w, 4 * j)) & mask
             prev[j] = head[h]
             head[h] = j
         self.head = head
@@ -70,6 +70,12 @@ class _Chains:
                 return j
             j = prev[j]
         return None
+
+
+def _take(context: bytearray, start: int, end: int | None = None) -> bytes:
+    """``bytes(context[start:end])`` with one copy instead of two (a bytearray slice copies)."""
+    with memoryview(context) as view:
+        return bytes(view[start:end])
 
 
 class LookupState(ContextState):
@@ -104,7 +110,7 @@ class LookupState(ContextState):
         end = len(self.context) >> 2
         if prepared is None:
             base = max(0, start - self.max_n)
-            prepared = self._entries(bytes(self.context[4 * base :]), base, start, end)
+            prepared = self._entries(_take(self.context, 4 * base), base, start, end)
         for chains, entries in zip(self._chains, prepared, strict=True):  # type: ignore[call-overload]
             chains.add(entries, self.context)
 
@@ -116,7 +122,7 @@ class LookupState(ContextState):
         ctx = self.context
         n_ctx = len(ctx) >> 2
         base = max(0, n_ctx - self.max_n)
-        tail = bytes(ctx[4 * base :]) + branch
+        tail = _take(ctx, 4 * base) + branch
         # Drafting ahead on a branch also prepares the index entries that committing exactly
         # that branch adds, so that a prefetch hit commits without recomputing them.
         prepared = self._entries(tail, base, n_ctx, n_ctx + (len(branch) >> 2)) if branch else None
@@ -130,8 +136,8 @@ class LookupState(ContextState):
             return Proposal(b"", None, prepared)
         need = 4 * k
         if j + k <= n_ctx:
-            return Proposal(bytes(ctx[4 * j : 4 * j + need]), None, prepared)
-        src = bytes(ctx[4 * j :]) + branch
+            return Proposal(_take(ctx, 4 * j, 4 * j + need), None, prepared)
+        src = _take(ctx, 4 * j) + branch
         return Proposal((src * (need // len(src) + 1))[:need], None, prepared)
 
 

@@ -205,3 +205,64 @@ def test_both_accept_and_reject_the_same_bytes(decode, formal) -> None:
         assert struct_ok == formal_ok
 
     check()
+
+
+# ---------------------------------------------------------------- the bytes actually sent
+# card.py sends m.commit_frame / m.draft_frame and reads m.parse_draft_reply_frame; the
+# runtime answers with m.draft_reply_payload. The formal schema must agree with those very
+# builders, not with a test-only encoder.
+
+u32s = st.integers(0, 2**32 - 1)
+
+
+@given(st.integers(0, 0xFFFF), u32s, st.integers(0, 255), st.integers(0, 255), u32s)
+def test_the_commit_frame_the_host_sends_is_the_formal_one(
+    rid: int, handle: int, accepted: int, next_k: int, bonus: int
+) -> None:
+    raw = m.commit_frame(rid, handle, accepted, next_k, bonus)
+    payload = schema.COMMIT_REQUEST.build({"accepted": accepted, "next_k": next_k, "bonus": bonus})
+    assert raw == encode_frame(Opcode.COMMIT, rid, handle, payload)
+    parsed = schema.FRAME.parse(raw)
+    assert (parsed.header.opcode, parsed.header.request_id, parsed.header.handle) == (
+        Opcode.COMMIT,
+        rid,
+        handle,
+    )
+
+
+@given(st.integers(0, 0xFFFF), u32s, st.integers(0, 255))
+def test_the_draft_frame_the_host_sends_is_the_formal_one(rid: int, handle: int, k: int) -> None:
+    raw = m.draft_frame(rid, handle, k)
+    assert raw == encode_frame(Opcode.DRAFT, rid, handle, schema.DRAFT_REQUEST.build({"k": k}))
+
+
+@given(draft_replies())
+def test_the_draft_reply_the_card_sends_is_the_formal_one(reply: m.DraftReply) -> None:
+    draft = b"".join(t.to_bytes(4, "little") for t in reply.tokens)  # as the card keeps it
+    raw = m.draft_reply_payload(reply.prefetch_hit, draft, reply.dists)
+    assert raw == schema.DRAFT_REPLY.build(_draft_dict(reply))
+    frame = encode_frame(Opcode.COMMIT | RESPONSE_BIT, 1, 2, raw)
+    assert m.parse_draft_reply_frame(frame) == reply  # what the host reads back
+
+
+@given(st.one_of(st.binary(max_size=80), draft_replies().map(m.encode_draft_reply)), st.data())
+def test_the_hosts_draft_reader_accepts_what_the_schema_accepts(raw: bytes, data) -> None:
+    import construct
+
+    from exstill_sdk import ProtocolError
+
+    if raw and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw = raw[:i] + bytes([data.draw(st.integers(0, 255))]) + raw[i + 1 :]
+    frame = encode_frame(Opcode.COMMIT | RESPONSE_BIT, 1, 2, raw)
+    try:
+        m.parse_draft_reply_frame(frame)
+        host_ok = True
+    except ProtocolError:
+        host_ok = False
+    try:
+        schema.DRAFT_REPLY.parse(raw)
+        formal_ok = True
+    except construct.ConstructError:
+        formal_ok = False
+    assert host_ok == formal_ok

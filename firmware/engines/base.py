@@ -14,23 +14,19 @@ from typing import NamedTuple
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.protocol.constants import ModelKind
 from exstill_sdk.protocol.messages import Distribution
+from exstill_sdk.support.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """A stream's sampling parameters; temperature 0 is greedy (argmax) drafting."""
+class Sampling(SamplingParams):
+    """A stream's sampling parameters (the host's SamplingParams, checked the same way; a
+    stream's seed is always a number), plus how many tokens the card may send of each
+    position's distribution."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    seed: int | None = 0
     max_entries: int = 0
     """Most tokens the sampled distribution may keep (0: no limit). DIST wire mode sets 255,
     so that the distribution sent is the whole distribution sampled from."""
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 class Proposal(NamedTuple):

@@ -1,10 +1,11 @@
 """Choosing drafted tokens from logits: greedy argmax, or sampling from a distribution the card
 can send exactly.
 
-Sampled drafting shapes the logits as HF's samplers do (temperature, then top-k, then top-p),
-keeps at most ``max_entries`` tokens, quantises the probabilities to u16 integer weights, and
-only then samples, with integer arithmetic, from those weights: the distribution on the wire
-(tokens and weights, q(t) = w(t) / sum(w)) is exactly the one the token was drawn from.
+Sampled drafting takes the ``max_entries`` most likely tokens (all, without a limit), shapes
+them with the host's own shaping (exstill_sdk.support.sampling: temperature, top-k with ties
+kept, top-p), quantises the probabilities to u16 integer weights, and only then samples, with
+integer arithmetic, from those weights: the distribution on the wire (tokens and weights,
+q(t) = w(t) / sum(w)) is exactly the one the token was drawn from.
 
 Randomness is counter-based: the draw for the token at absolute position p of a stream comes
 from Philox keyed by (seed, p). A seeded stream therefore drafts the same tokens however its
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from exstill_sdk.protocol.messages import Distribution
+from exstill_sdk.support.sampling import shaped_probs
 
 from .base import Sampling
 
@@ -27,24 +29,15 @@ def greedy(logits: np.ndarray) -> int:
 
 
 def distribution(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray]:
-    """(token ids, u16 weights) of the shaped, truncated and quantised distribution."""
-    scaled = logits.astype(np.float64) / s.temperature
-    keep = len(scaled)
-    if s.top_k:
-        keep = min(keep, s.top_k)
-    if s.max_entries:
-        keep = min(keep, s.max_entries)
-    if keep < len(scaled):
-        ids = np.argpartition(-scaled, keep - 1)[:keep]
-    else:
-        ids = np.arange(len(scaled))
-    ids = ids[np.argsort(-scaled[ids], kind="stable")]
-    p = np.exp(scaled[ids] - scaled[ids[0]])
-    p /= p.sum()
-    if s.top_p < 1.0:
-        # smallest prefix whose mass reaches top_p (HF keeps the token that crosses it)
-        cut = int(np.searchsorted(np.cumsum(p), s.top_p, side="left")) + 1
-        ids, p = ids[:cut], p[:cut] / p[:cut].sum()
+    """(token ids, u16 weights) of the truncated, shaped and quantised distribution, most
+    likely first."""
+    ids = np.arange(len(logits))
+    if s.max_entries and s.max_entries < len(logits):
+        ids = np.sort(np.argpartition(-logits, s.max_entries - 1)[: s.max_entries])
+    p = shaped_probs(logits[ids], s)
+    order = np.argsort(-p, kind="stable")
+    order = order[p[order] > 0]
+    ids, p = ids[order], p[order]
     weights = np.rint(p * WEIGHT_SCALE).astype(np.int64)
     nonzero = weights > 0
     if not nonzero.any():  # cannot happen for the top token, kept for safety
@@ -65,5 +58,5 @@ def choose(logits: np.ndarray, s: Sampling, position: int) -> tuple[int, Distrib
     if s.greedy:
         return greedy(logits), None
     ids, weights = distribution(logits, s)
-    token = draw(ids, weights, s.seed, position)
+    token = draw(ids, weights, s.seed or 0, position)
     return token, Distribution(tuple(int(i) for i in ids), tuple(int(w) for w in weights))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,8 @@ from exstill_firmware import CardRuntime
 from exstill_firmware.emulator import TcpCardServer
 from hypothesis import settings
 
+from .helpers import served
+
 settings.register_profile("ci", deadline=None, print_blob=True)
 settings.load_profile("ci")
 
@@ -19,14 +20,8 @@ settings.load_profile("ci")
 @pytest.fixture
 def tcp_server() -> Iterator[TcpCardServer]:
     """A card runtime served on a free loopback port from a thread of this process."""
-    runtime = CardRuntime(slots=12, context=4096, background_prefetch=False)
-    server = TcpCardServer(runtime, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.stop()
-    thread.join(timeout=5)
-    runtime.shutdown()
+    with served(CardRuntime(slots=12, context=4096, background_prefetch=False)) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

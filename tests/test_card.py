@@ -70,7 +70,9 @@ def test_client_side_checks_do_not_touch_the_card() -> None:
         with pytest.raises(InvalidArgumentError) as info:
             s.draft(9)
         assert info.value.code == 0x08
-        assert s.commit(len(d.tokens), 1, 2).tokens is not None
+        # nothing refused above reached the stream: this round is the first, from length 5
+        assert s.commit(len(d.tokens), 3, 2).tokens == (1, 2)  # after 1 2 3 1 2 [3 1 2] 3
+        assert s.length == 9 and card.stats()["rounds"] == 1
 
 
 def test_card_errors_are_typed() -> None:

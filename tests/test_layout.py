@@ -7,6 +7,8 @@ import ast
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"exstill_sdk": ROOT / "exstill_sdk", "exstill_firmware": ROOT / "firmware"}
 
@@ -87,6 +89,18 @@ def test_no_import_cycles() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject.toml lists the packages; a folder missing there works in a checkout and is
+    absent from a wheel (pip install .)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert folders == listed
 
 
 def test_the_decoding_layer_is_named_for_what_it_does() -> None:

@@ -8,6 +8,7 @@ from exstill_sdk.transport.base import (
     open_transport,
     register_transport,
     transport_schemes,
+    unregister_transport,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "open_transport",
     "register_transport",
     "transport_schemes",
+    "unregister_transport",
 ]

@@ -86,6 +86,11 @@ def register_transport(scheme: str, backend: str | type[Transport]) -> None:
     _REGISTRY[scheme.lower()] = backend
 
 
+def unregister_transport(scheme: str) -> None:
+    """Remove a backend added with ``register_transport`` (no error if unknown)."""
+    _REGISTRY.pop(scheme.lower(), None)
+
+
 def transport_schemes() -> list[str]:
     return sorted(_REGISTRY)
 

@@ -48,6 +48,11 @@ def register_usb_backend(name: str, backend: Any) -> None:
     _backends[name] = backend
 
 
+def unregister_usb_backend(name: str) -> None:
+    """Forget a backend registered with ``register_usb_backend`` (no error if unknown)."""
+    _backends.pop(name, None)
+
+
 def default_backend() -> Any:
     """libusb through pyusb, or the libusb-package wheel's copy when none is installed."""
     import usb.backend.libusb1

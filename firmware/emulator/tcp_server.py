@@ -69,6 +69,12 @@ class TcpCardServer:
     def url(self) -> str:
         return f"tcp://{self.host}:{self.port}"
 
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        with self._lock:
+            return len(self._clients)
+
     def stop(self) -> None:
         """Ask serve_forever to return; safe from a signal handler or another thread."""
         self._stopping.set()

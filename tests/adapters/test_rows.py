@@ -3,6 +3,7 @@ accept drafts, finish, move (compaction), arrive mid-run and sit in prefill."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,8 @@ from exstill_sdk.adapters.rows import RowStreams
 from exstill_sdk.adapters.vllm import ExstillProposer, card_settings, choose_draft
 from exstill_sdk.card import open_card
 from exstill_sdk.errors import TokenizerMismatchError, UnknownModelError
+
+from ..helpers import served
 
 K = 4
 WIDTH = 256
@@ -202,33 +205,20 @@ def test_a_refused_row_goes_without_drafts_then_reopens() -> None:
 
 
 def test_a_card_reset_costs_one_step_without_drafts() -> None:
-    import threading
-
     from exstill_firmware import CardRuntime
-    from exstill_firmware.emulator import TcpCardServer
 
-    def serve(port: int = 0) -> tuple[TcpCardServer, threading.Thread]:
-        server = TcpCardServer(CardRuntime(background_prefetch=False), port=port)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        return server, thread
-
-    server, thread = serve()
-    try:
-        with open_card(f"tcp://127.0.0.1:{server.port}") as card:
-            rows = RowStreams(card, engine="lookup")
-            contexts = np.array([reference(r)[:30] for r in range(3)])
-            n = np.full(3, 30)
-            first = rows.propose([[c[-1]] for c in contexts], n, contexts, 4)
-            assert all(first)
-            server.stop()  # the card restarts
-            thread.join(5)
-            server, thread = serve(server.port)
+    with ExitStack() as stack:
+        server = stack.enter_context(served(CardRuntime(background_prefetch=False)))
+        card = stack.enter_context(open_card(server.url))
+        rows = RowStreams(card, engine="lookup")
+        contexts = np.array([reference(r)[:30] for r in range(3)])
+        n = np.full(3, 30)
+        first = rows.propose([[c[-1]] for c in contexts], n, contexts, 4)
+        assert all(first)
+        server.stop()  # the card restarts, on the same port
+        with served(CardRuntime(background_prefetch=False), port=server.port):
             assert rows.propose([[c[-1]] for c in contexts], n, contexts, 4) == [[], [], []]
             assert rows.stats.reconnects == 1
             again = rows.propose([[c[-1]] for c in contexts], n, contexts, 4)
             assert again == first
             rows.close()
-    finally:
-        server.stop()
-        thread.join(5)

@@ -17,6 +17,7 @@ from exstill_sdk.protocol.constants import Opcode
 from exstill_sdk.protocol.frame import encode_frame
 from exstill_sdk.protocol.framing import encode_stream_frame
 
+from ..helpers import tiny_image
 from .helpers import script, start_emu
 
 
@@ -147,20 +148,8 @@ def test_ten_thousand_hostile_frames_leave_the_card_serving() -> None:
 
 def test_serves_a_target_image(tmp_path) -> None:
     """exstill-emu --image: the image is checked, listed in the handshake and drafts."""
-    from exstill_sdk.bench.synthetic import write_checkpoint
-    from exstill_sdk.image.pack import pack_checkpoint
 
-    write_checkpoint(
-        tmp_path / "ckpt",
-        layers=1,
-        hidden=64,
-        intermediate=96,
-        heads=4,
-        kv_heads=2,
-        vocab=96,
-        std=0.3,
-    )
-    pack_checkpoint(tmp_path / "ckpt", tmp_path / "t.img", "tiny")
+    tiny_image(tmp_path / "t.img", vocab=96)
     proc, url = start_emu("--image", str(tmp_path / "t.img"), "--context", "256")
     try:
         with open_card(url) as card:

@@ -21,6 +21,7 @@ from exstill_sdk import NotACardError, open_card
 from exstill_sdk.bench.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
 
+from .. import helpers
 from .helpers import script, start_emu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,12 +46,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tiny")
-    write_checkpoint(
-        root / "ck", layers=1, hidden=64, intermediate=96, heads=4, kv_heads=2, vocab=64, std=0.3
-    )
-    pack_checkpoint(root / "ck", root / "tiny.img", "tiny")
-    return root / "tiny.img"
+    return helpers.tiny_image(tmp_path_factory.mktemp("tiny") / "tiny.img")
 
 
 @pytest.fixture(scope="module")
@@ -314,8 +310,7 @@ def _tokenizer_of(directory: Path, tokens: int) -> None:
 
 
 def test_pack_paths_modes_vocab_and_sign(tmp_path: Path) -> None:
-    ck = tmp_path / "ck"
-    write_checkpoint(ck, layers=1, hidden=64, intermediate=96, heads=4, kv_heads=2, vocab=64)
+    ck = helpers.tiny_checkpoint(tmp_path / "ck")
     out = tool("exstill-pack", str(ck), "-o", "/nonexistent/dir/x.img", "--target", "x")
     line = one_line(out.stderr)
     assert out.returncode == 2 and "/nonexistent/dir" in line and ".partial" not in line
@@ -380,9 +375,7 @@ def test_quickstart_reports_its_own_stream() -> None:
 
 
 def test_hf_example_uses_the_draft_image_it_is_given(tiny_image: Path, tmp_path: Path) -> None:
-    other = tmp_path / "other"
-    write_checkpoint(other, layers=1, hidden=64, intermediate=96, heads=4, kv_heads=2, vocab=64)
-    pack_checkpoint(other, tmp_path / "other.img", "other")
+    helpers.tiny_image(tmp_path / "other.img", "other")
     proc, url = start_emu("--image", str(tmp_path / "other.img"))
     try:
         out = example("hf_generate.py", "--url", url, "--draft-image", str(tiny_image))

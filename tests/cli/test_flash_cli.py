@@ -7,9 +7,8 @@ import subprocess
 from pathlib import Path
 
 from exstill_sdk import open_card
-from exstill_sdk.bench.synthetic import write_checkpoint
-from exstill_sdk.image.pack import pack_checkpoint
 
+from ..helpers import tiny_image
 from .helpers import script, start_emu
 
 
@@ -23,19 +22,9 @@ def test_flash_list_rollback_erase_and_restart(tmp_path: Path, admin_key: Path) 
     key = ("--key", str(admin_key))
     images = []
     for version in ("1", "2"):
-        write_checkpoint(
-            tmp_path / f"ck{version}",
-            layers=1,
-            hidden=64,
-            intermediate=96,
-            heads=4,
-            kv_heads=2,
-            vocab=64,
-            seed=int(version),
-            std=0.3,
+        images.append(
+            tiny_image(tmp_path / f"v{version}.img", seed=int(version), image_version=version)
         )
-        images.append(tmp_path / f"v{version}.img")
-        pack_checkpoint(tmp_path / f"ck{version}", images[-1], "tiny", image_version=version)
     store = tmp_path / "store"
     proc, url = start_emu("--store", str(store), "--context", "256", "--admin-key", str(admin_key))
     try:
@@ -73,18 +62,7 @@ def test_flash_list_rollback_erase_and_restart(tmp_path: Path, admin_key: Path) 
 
 def test_power_cut_exit_code_and_store_full(tmp_path: Path, admin_key: Path) -> None:
     key = ("--key", str(admin_key))
-    write_checkpoint(
-        tmp_path / "ck",
-        layers=1,
-        hidden=64,
-        intermediate=96,
-        heads=4,
-        kv_heads=2,
-        vocab=64,
-        seed=1,
-        std=0.3,
-    )
-    pack_checkpoint(tmp_path / "ck", tmp_path / "t.img", "tiny")
+    tiny_image(tmp_path / "t.img", seed=1)
     proc, url = start_emu(
         "--store", str(tmp_path / "store"), "--power-cut-after", "5000", "--admin-key", key[1]
     )

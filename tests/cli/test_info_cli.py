@@ -24,11 +24,14 @@ def test_list_devices_finds_usb_cards_and_named_urls() -> None:
     named = {d.url: d for d in found if d.kind != "usb"}
     assert "3 streams" in named["emu://?streams=3"].description
     assert "not answering" in named["tcp://127.0.0.1:1"].description
-    from exstill_sdk.transport.usb import register_usb_backend
+    from exstill_sdk.transport.usb import register_usb_backend, unregister_usb_backend
 
     register_usb_backend("listed", backend)
-    with open_card(usb[1].url + "&backend=listed") as card:  # the listed URL opens that card
-        assert card.info().slots == 2
+    try:
+        with open_card(usb[1].url + "&backend=listed") as card:  # the listed URL opens that card
+            assert card.info().slots == 2
+    finally:
+        unregister_usb_backend("listed")
 
 
 def test_info_shows_a_card_and_watches() -> None:

@@ -8,7 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 from exstill_sdk.image.reader import CardImage
-from exstill_sdk.image.rope import cos_sin_tables
+
+
+def rope_tables(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [positions, head_dim / 2] of plain RoPE (no scaling), in float64, from the
+    paper's definition: angle(p, i) = p / theta ** (2i / head_dim)."""
+    i = np.arange(head_dim // 2, dtype=np.float64)
+    angles = np.arange(positions, dtype=np.float64)[:, None] / theta ** (2 * i / head_dim)
+    return np.cos(angles), np.sin(angles)
 
 
 def rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -20,8 +27,8 @@ class ReferenceStream:
         self.a = a = image.arch
         self.w = {n: np.asarray(image.tensor(n), np.float64) for n in image.tensors}
         self.positions, self.sinks = positions, sinks
-        cos, sin = cos_sin_tables(a, positions)
-        self.cos, self.sin = cos.astype(np.float64), sin.astype(np.float64)
+        assert a.rope_scaling.type in ("", "default"), "the reference knows plain RoPE only"
+        self.cos, self.sin = rope_tables(a.rope_theta, a.head_dim, positions)
         shape = (a.num_layers, positions, a.num_kv_heads, a.head_dim)
         self.k = np.zeros(shape)
         self.v = np.zeros(shape)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import random
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 from exstill_firmware import CardRuntime
-from exstill_firmware.emulator import TcpCardServer
 from exstill_firmware.store import PowerCut, Store
 
 from exstill_sdk import (
@@ -24,6 +22,7 @@ from exstill_sdk.image import load_trusted_keys
 from exstill_sdk.protocol.constants import ImageState
 from exstill_sdk.transport.emu import EmuTransport
 
+from ..helpers import served
 from .conftest import card_on, serving_version
 
 
@@ -105,11 +104,8 @@ def test_corrupted_chunks_are_detected_and_resent(images, tmp_path: Path) -> Non
 def test_dropped_links_resume(images, tmp_path: Path) -> None:
     key = b"k" * 32
     runtime = CardRuntime(4, 256, store=Store(tmp_path), background_prefetch=False, admin_key=key)
-    server = TcpCardServer(runtime)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     rng = random.Random(5)
-    try:
+    with served(runtime) as server:
         for trial in range(6):
             size = images["2"].stat().st_size
             cut_at = {rng.randrange(1, size)}
@@ -134,9 +130,6 @@ def test_dropped_links_resume(images, tmp_path: Path) -> None:
                 assert len(result.resumed_from) == 1
                 assert result.resent_bytes <= 32768
             assert serving_version(tmp_path) == "2"
-    finally:
-        server.stop()
-        thread.join(5)
 
 
 CHUNK = 32768  # small chunks: many boundaries to cut at

@@ -237,26 +237,46 @@ def test_prefetch_hit_serves_the_same_draft_as_without() -> None:
         off.shutdown()
 
 
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.integers(0, 6)), max_size=30))
-def test_prefetch_never_changes_what_is_drafted(rounds: list[tuple[int, int, int]]) -> None:
-    """Whatever the host commits, with prefetch (background worker) or without, the card
-    answers with identical drafts."""
-    on = CardRuntime(slots=1, context=4096, background_prefetch=True)
-    off = CardRuntime(slots=1, context=4096, prefetch=False)
-    try:
-        a, b = Client(on), Client(off)
-        ha, hb = a.open(), b.open()
-        a.prefill(ha, [0, 1, 2, 3, 0, 1, 2, 3, 0])
-        b.prefill(hb, [0, 1, 2, 3, 0, 1, 2, 3, 0])
-        da, db = a.draft(ha, 6), b.draft(hb, 6)
-        for accept, bonus, k in rounds:
+def test_prefetch_never_changes_what_is_drafted() -> None:
+    """Whatever the host commits, with prefetch or without, the card answers with identical
+    drafts; and the rounds include prefetch hits, so the hit path is what was compared."""
+    hits = []
+
+    @given(
+        st.lists(
+            st.tuples(
+                st.integers(0, 6), st.one_of(st.none(), st.integers(0, 3)), st.integers(0, 6)
+            ),
+            max_size=30,
+        )
+    )
+    def check(rounds: list[tuple[int, int | None, int]]) -> None:
+        on = CardRuntime(slots=1, context=4096, background_prefetch=False)
+        off = CardRuntime(slots=1, context=4096, prefetch=False)
+        try:
+            a, b = Client(on), Client(off)
+            ha, hb = a.open(), b.open()
+            text = [0, 1, 2, 3, 0, 1, 2, 3, 0]
+            a.prefill(ha, text)
+            b.prefill(hb, text)
+            da, db = a.draft(ha, 6), b.draft(hb, 6)
+            for accept, bonus, k in rounds:
+                assert da.tokens == db.tokens
+                on.run_prefetch()  # the card drafts ahead while the host verifies
+                n = min(accept, len(da.tokens))
+                text += da.tokens[:n]
+                if bonus is None:  # the text's own next token: what a prefetch guesses
+                    bonus = (text[-1] + 1) % 4
+                text.append(bonus)
+                da, db = a.commit(ha, n, bonus, k), b.commit(hb, n, bonus, k)
+                hits.append(da.prefetch_hit)
             assert da.tokens == db.tokens
-            n = min(accept, len(da.tokens))
-            da, db = a.commit(ha, n, bonus, k), b.commit(hb, n, bonus, k)
-        assert da.tokens == db.tokens
-    finally:
-        on.shutdown()
-        off.shutdown()
+        finally:
+            on.shutdown()
+            off.shutdown()
+
+    check()
+    assert any(hits) and not all(hits)
 
 
 @given(st.binary(max_size=64), st.integers(0, 255), st.integers(0, 2**32 - 1))

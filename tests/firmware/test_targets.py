@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from exstill_firmware import CardRuntime  # noqa: E402
-from exstill_firmware.emulator import TcpCardServer, build_engines  # noqa: E402
+from exstill_firmware.emulator import build_engines  # noqa: E402
 
 from exstill_sdk import (  # noqa: E402
     ContextFullError,
@@ -22,6 +21,7 @@ from exstill_sdk import (  # noqa: E402
     open_card,
 )
 
+from ..helpers import served  # noqa: E402
 from .test_transformer import generate, tokens  # noqa: E402
 
 
@@ -124,30 +124,22 @@ def test_prefetch_hits_over_tcp_and_batches_streams(model_pair) -> None:
     target = f"tiny-{model.config.model_type}"
     engines = build_engines(["lookup"], [image], 4, 256)
     runtime = CardRuntime(4, 256, engines, background_prefetch=False)
-    server = TcpCardServer(runtime)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with open_card(server.url) as card:
-            streams = [card.open_stream(target=target) for _ in range(3)]
-            prompts = [tokens(8, seed=30 + i) for i in range(3)]
-            drafts = []
-            for s, p in zip(streams, prompts, strict=True):
-                s.prefill(p)
-                drafts.append(s.draft(4))
-            hits = 0
-            for _ in range(5):
-                for i, s in enumerate(streams):
-                    full = prompts[i] + list(drafts[i].tokens)
-                    bonus = generate(model, full, 1)[0]  # the target agrees with the draft
-                    d = s.commit(4, bonus, 4)
-                    assert list(d.tokens) == generate(model, [*full, bonus], 4)
-                    hits += d.prefetch_hit
-                    prompts[i] = [*full, bonus]
-                    drafts[i] = d
-            assert hits >= 12  # the guess is the model's own next token: nearly every round
-            assert card.stats()["prefetch_hits"] == hits
-    finally:
-        server.stop()
-        thread.join(5)
-        runtime.shutdown()
+    with served(runtime) as server, open_card(server.url) as card:
+        streams = [card.open_stream(target=target) for _ in range(3)]
+        prompts = [tokens(8, seed=30 + i) for i in range(3)]
+        drafts = []
+        for s, p in zip(streams, prompts, strict=True):
+            s.prefill(p)
+            drafts.append(s.draft(4))
+        hits = 0
+        for _ in range(5):
+            for i, s in enumerate(streams):
+                full = prompts[i] + list(drafts[i].tokens)
+                bonus = generate(model, full, 1)[0]  # the target agrees with the draft
+                d = s.commit(4, bonus, 4)
+                assert list(d.tokens) == generate(model, [*full, bonus], 4)
+                hits += d.prefetch_hit
+                prompts[i] = [*full, bonus]
+                drafts[i] = d
+        assert hits >= 12  # the guess is the model's own next token: nearly every round
+        assert card.stats()["prefetch_hits"] == hits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import struct
 
 import numpy as np
@@ -186,7 +187,8 @@ def test_int8_image_drafts_like_its_dequantised_model(model_pair, tmp_path) -> N
     from exstill_sdk.image.pack import pack_checkpoint
     from exstill_sdk.image.quantize import dequantize_rows
 
-    model, _, directory = model_pair
+    shared, _, directory = model_pair
+    model = copy.deepcopy(shared)  # the session's model stays as it was for later tests
     pack_checkpoint(directory, tmp_path / "q.img", "q", "int8")
     image = open_image(tmp_path / "q.img")
     with torch.no_grad():

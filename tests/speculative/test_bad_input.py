@@ -22,47 +22,26 @@ from exstill_sdk import (
     open_card,
 )
 from exstill_sdk.adapters.onnx import OnnxTarget
-from exstill_sdk.bench.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
 from exstill_sdk.protocol.constants import Opcode
 from exstill_sdk.protocol.framing import Deframer
 from exstill_sdk.speculative import SpeculativeDecoder
 
+from ..helpers import served, tiny_image
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("bad")
-    write_checkpoint(
-        root / "ckpt",
-        layers=1,
-        hidden=64,
-        intermediate=96,
-        heads=4,
-        kv_heads=2,
-        vocab=32,
-        seed=1,
-        std=0.3,
-    )
-    pack_checkpoint(root / "ckpt", root / "tiny.img", "tiny")
+    tiny_image(root / "tiny.img", vocab=32, seed=1)
     # the same weights packed for another tokenizer (same size, other strings)
-    other = json.loads((root / "ckpt" / "tokenizer.json").read_text())
+    other = json.loads((root / "tiny.ckpt" / "tokenizer.json").read_text())
     other["model"]["vocab"] = {f"x{i}": i for i in range(32)}
     (root / "other-tokenizer.json").write_text(json.dumps(other))
     pack_checkpoint(
-        root / "ckpt", root / "foreign.img", "foreign", tokenizer=root / "other-tokenizer.json"
+        root / "tiny.ckpt", root / "foreign.img", "foreign", tokenizer=root / "other-tokenizer.json"
     )
-    write_checkpoint(
-        root / "wide",
-        layers=1,
-        hidden=64,
-        intermediate=96,
-        heads=4,
-        kv_heads=2,
-        vocab=40,
-        seed=1,
-        std=0.3,
-    )
-    pack_checkpoint(root / "wide", root / "wide.img", "wide")
+    tiny_image(root / "wide.img", "wide", vocab=40, seed=1)
     return root
 
 
@@ -178,22 +157,15 @@ def test_a_link_lost_at_close_keeps_the_finished_generation(tiny: Path) -> None:
     runtime = CardRuntime(
         4, 128, build_engines([], [tiny / "tiny.img"], 4, 128), background_prefetch=False
     )
-    server = TcpCardServer(runtime)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     reference = OnnxTarget(tiny / "tiny.img", positions=128).greedy([4, 5, 6], 40)
-    proxy = _DropAtClose((server.host, server.port))
-    try:
+    with served(runtime) as server:
+        proxy = _DropAtClose((server.host, server.port))
         with open_card(proxy.url, timeout=2) as card:
             target = OnnxTarget(tiny / "tiny.img", positions=128)
             decoder = SpeculativeDecoder(card, target, draft="tiny", k=3)
             result = decoder.generate([4, 5, 6], 40, stop_token_ids=[])
-        assert proxy.dropped.is_set() and result.tokens == reference
-        assert result.finish_reason == "length"
-    finally:
-        server.stop()
-        thread.join(5)
-        runtime.shutdown()
+    assert proxy.dropped.is_set() and result.tokens == reference
+    assert result.finish_reason == "length"
 
 
 def test_arguments_out_of_range_are_typed_errors(tiny: Path) -> None:

@@ -12,9 +12,9 @@ from scipy import stats
 
 from exstill_sdk import WireMode, open_card
 from exstill_sdk.adapters.onnx import OnnxTarget
-from exstill_sdk.bench.synthetic import write_checkpoint
-from exstill_sdk.image.pack import pack_checkpoint
 from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder, target_probs
+
+from ..helpers import tiny_image
 
 VOCAB = 16
 PROMPT = [3, 7, 1, 12]
@@ -25,18 +25,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("tinyvocab")
     paths = []
     for name, seed in (("target", 1), ("draft", 2)):
-        write_checkpoint(
-            root / name,
-            layers=1,
-            hidden=64,
-            intermediate=96,
-            heads=4,
-            kv_heads=2,
-            vocab=VOCAB,
-            seed=seed,
-            std=0.25,
-        )
-        pack_checkpoint(root / name, root / f"{name}.img", name)
+        tiny_image(root / f"{name}.img", name, vocab=VOCAB, seed=seed, std=0.25)
         paths.append(root / f"{name}.img")
     return paths[0], paths[1]
 

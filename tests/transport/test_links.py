@@ -21,7 +21,7 @@ from exstill_sdk import (
     open_card,
 )
 from exstill_sdk.speculative import SpeculativeDecoder, TargetAdapter
-from exstill_sdk.transport.usb import register_usb_backend
+from exstill_sdk.transport.usb import register_usb_backend, unregister_usb_backend
 
 LINKS = ["emu", "tcp", "serial", "usb"]
 _names = itertools.count()
@@ -34,18 +34,25 @@ class Card:
         self.kind = kind
         self.server = self.usb_card = None
         self.thread = None
+        self.backend_name: str | None = None
+        self.runtimes: list[CardRuntime] = []
         if kind == "emu":
             self.url = "emu://"
             return
-        runtime = CardRuntime(12, 16384, background_prefetch=(kind == "usb"))
         if kind == "usb":
             backend = EmulatedUsbBackend()
             self.usb_card = backend.add_card(lambda: CardRuntime(12, 16384))
-            name = f"test{next(_names)}"
-            register_usb_backend(name, backend)
-            self.url = f"usb://1209:e511?backend={name}"
+            self.backend_name = f"test{next(_names)}"
+            register_usb_backend(self.backend_name, backend)
+            self.url = f"usb://1209:e511?backend={self.backend_name}"
             return
-        self.server = TcpCardServer(runtime) if kind == "tcp" else PtyCardServer(runtime)
+        self.serve(kind)
+
+    def serve(self, kind: str, port: int = 0) -> None:
+        """(Re)start the TCP or serial server, as a card does after a reset."""
+        runtime = CardRuntime(12, 16384, background_prefetch=False)
+        self.runtimes.append(runtime)
+        self.server = TcpCardServer(runtime, port=port) if kind == "tcp" else PtyCardServer(runtime)
         self.url = self.server.url
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -55,6 +62,12 @@ class Card:
             self.server.stop()
             assert self.thread is not None
             self.thread.join(5)
+        for runtime in self.runtimes:
+            runtime.shutdown()
+        if self.usb_card is not None:
+            self.usb_card.runtime.shutdown()
+        if self.backend_name is not None:
+            unregister_usb_backend(self.backend_name)
 
 
 @pytest.fixture(params=LINKS)
@@ -132,14 +145,7 @@ def test_decoder_survives_a_card_reset(kind: str) -> None:
                     else:
                         card.server.stop()
                         card.thread.join(5)
-                        port = card.server.port
-                        card.server = TcpCardServer(
-                            CardRuntime(12, 16384, background_prefetch=False), port=port
-                        )
-                        card.thread = threading.Thread(
-                            target=card.server.serve_forever, daemon=True
-                        )
-                        card.thread.start()
+                        card.serve("tcp", port=card.server.port)
             assert got == _reference(prompt, 120)
             assert decoder.reconnects == 1
     finally:

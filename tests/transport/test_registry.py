@@ -5,7 +5,13 @@ from urllib.parse import SplitResult
 import pytest
 
 from exstill_sdk import BadURLError, open_card
-from exstill_sdk.transport import Transport, open_transport, register_transport, transport_schemes
+from exstill_sdk.transport import (
+    Transport,
+    open_transport,
+    register_transport,
+    transport_schemes,
+    unregister_transport,
+)
 from exstill_sdk.transport.emu import EmuTransport
 
 
@@ -29,9 +35,13 @@ def test_third_party_backend_by_scheme() -> None:
             return EmuTransport.from_url(url._replace(scheme="emu"), timeout)
 
     register_transport("loopemu", LoopbackEmu)
-    with open_card("loopemu://?streams=2") as card:
-        assert card.info().slots == 2
-        assert card.url == "loopemu://?streams=2"
+    try:
+        with open_card("loopemu://?streams=2") as card:
+            assert card.info().slots == 2
+            assert card.url == "loopemu://?streams=2"
+    finally:
+        unregister_transport("loopemu")
+    assert "loopemu" not in transport_schemes()
 
 
 def test_emu_options() -> None:

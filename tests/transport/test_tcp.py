@@ -44,10 +44,17 @@ def test_client_disconnecting_mid_frame_does_not_disturb_others(
     with open_card(tcp_server.url) as card, card.open_stream() as s:
         s.prefill([1, 2, 3, 1, 2])
         rude = socket.create_connection((tcp_server.host, tcp_server.port))
+        deadline = time.monotonic() + 10
+        while tcp_server.connections < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert tcp_server.connections == 2  # the server serves the rude client
         rude.sendall(encode_stream_frame(encode_frame(Opcode.PING, 1, 0, b"x" * 100))[:50])
         rude.close()
-        time.sleep(0.05)
+        while tcp_server.connections > 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert tcp_server.connections == 1  # ... and has dropped it, half frame and all
         assert s.draft(2).tokens == (3, 1)
+        assert card.stats()["streams_open"] == 1
 
 
 def test_timeout_and_lost_link() -> None:
@@ -56,10 +63,8 @@ def test_timeout_and_lost_link() -> None:
     t = open_transport(f"tcp://127.0.0.1:{port}")
     conn, _ = listener.accept()
     try:
-        start = time.monotonic()
-        with pytest.raises(LinkTimeoutError):
+        with pytest.raises(LinkTimeoutError):  # the type says it was the deadline
             t.recv_frame(time.monotonic() + 0.2)
-        assert 0.15 < time.monotonic() - start < 2
         conn.close()
         with pytest.raises(TransportError, match="closed"):
             t.recv_frame(time.monotonic() + 2)

@@ -108,7 +108,10 @@ class TcpCardServer:
             self.close()
 
     def close(self) -> None:
+        """Stop serving and free the port at once (a thread blocked in accept is woken)."""
         self._stopping.set()
+        with suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             clients = list(self._clients.items())

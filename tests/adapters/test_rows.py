@@ -215,7 +215,7 @@ def test_a_card_reset_costs_one_step_without_drafts() -> None:
         n = np.full(3, 30)
         first = rows.propose([[c[-1]] for c in contexts], n, contexts, 4)
         assert all(first)
-        server.stop()  # the card restarts, on the same port
+        server.close()  # the card restarts (its port is free at once), on the same port
         with served(CardRuntime(background_prefetch=False), port=server.port):
             assert rows.propose([[c[-1]] for c in contexts], n, contexts, 4) == [[], [], []]
             assert rows.stats.reconnects == 1

@@ -1,6 +1,6 @@
 """A card image run as the *target* on the host CPU with onnxruntime (no torch needed).
 
-The same graph the card's engine runs (exstill_sdk.image.onnx_graph), with one KV row per
+The same graph the card's engine runs (exstill_sdk.execution.graph), with one KV row per
 sequence. ``greedy(prompt, n)`` is the plain greedy loop, the reference a speculative decoder
 must reproduce.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
-from exstill_sdk.image.onnx_runner import OnnxDecoder
+from exstill_sdk.execution.runner import OnnxDecoder
 from exstill_sdk.image.reader import CardImage, open_image
 from exstill_sdk.speculative.adapter import TargetAdapter
 from exstill_sdk.support.tokens import CachedTokens

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
-from exstill_sdk.image.onnx_runner import OnnxDecoder
+from exstill_sdk.execution.runner import OnnxDecoder
 from exstill_sdk.image.reader import CardImage
 from exstill_sdk.image.rope import inverse_frequencies, rotate
 from exstill_sdk.protocol.constants import ModelKind

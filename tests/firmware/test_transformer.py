@@ -145,7 +145,7 @@ def test_int8_product_bound() -> None:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from exstill_sdk.image.onnx_graph import INT8_BLOCK, int8_attributes, int8_blocks
+    from exstill_sdk.execution.graph import INT8_BLOCK, int8_attributes, int8_blocks
 
     rng = np.random.default_rng(0)
     for _ in range(20):

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from exstill_sdk.errors import ImageError
-from exstill_sdk.image.onnx_graph import build_decoder
+from exstill_sdk.execution.graph import build_decoder
 from exstill_sdk.image.reader import CardImage
 
 MAX_CHUNK = 256

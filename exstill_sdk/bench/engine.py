@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from exstill_sdk.errors import InvalidArgumentError
-
 PROMPT = 64
 POSITIONS = 1024
 PAUSE = 0.05
@@ -101,15 +99,12 @@ def run(
     """Benchmark an image, or a synthetic Llama draft ``LAYERSxHIDDEN`` (vocab 32000)."""
     from exstill_firmware.engines.transformer import TransformerEngine
 
-    from exstill_sdk.bench.synthetic import synthetic_image
+    from exstill_sdk.bench.synthetic import image_or_synthetic
     from exstill_sdk.image import open_image
 
     with tempfile.TemporaryDirectory(prefix="exstill-bench-engine-") as tmp:
-        if synthetic:
-            image_path = synthetic_image(Path(tmp), synthetic)
-        if image_path is None:
-            raise InvalidArgumentError("give an image or --synthetic LAYERSxHIDDEN")
-        image = open_image(image_path, verify=True)
+        path = image_or_synthetic(Path(tmp), image_path, synthetic, "an image")
+        image = open_image(path, verify=True)
         arch = image.arch
         engine = TransformerEngine(image, rows=13, positions=POSITIONS)  # 1 + 12 streams
         sources: dict[str, Callable[[], Iterator[float]]] = {

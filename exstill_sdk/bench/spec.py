@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from exstill_sdk.adapters.onnx import OnnxTarget
+from exstill_sdk.bench.synthetic import image_or_synthetic
 from exstill_sdk.bench.timing import best_of
 from exstill_sdk.card import open_card
-from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.speculative import SpeculativeDecoder
 
 POSITIONS = 2048
@@ -36,13 +36,8 @@ def run(
     repeats: int = 2,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="exstill-bench-spec-") as tmp:
-        if synthetic:
-            from exstill_sdk.bench.synthetic import synthetic_image
-
-            image_path = synthetic_image(Path(tmp), synthetic)
-        if image_path is None:
-            raise InvalidArgumentError("give a target image or --synthetic LAYERSxHIDDEN")
-        target = OnnxTarget(image_path, max_sequences=2, positions=POSITIONS)
+        path = image_or_synthetic(Path(tmp), image_path, synthetic, "a target image")
+        target = OnnxTarget(path, max_sequences=2, positions=POSITIONS)
         prompt = _prompt(target.vocab_size)
         plain_s, plain = best_of(repeats, target.greedy, prompt, new_tokens)
         url = f"emu://?context={POSITIONS}" + (f"&image={draft_image}" if draft_image else "")
@@ -88,7 +83,7 @@ def run(
                 duel[k] = min(duel.get(k, float("inf")), seconds)
     adaptive = rows[-1]
     return {
-        "target": Path(image_path).name if not synthetic else f"synthetic-{synthetic}",
+        "target": Path(path).name if not synthetic else f"synthetic-{synthetic}",
         "draft": draft_name or "lookup",
         "prompt_tokens": len(prompt),
         "new_tokens": new_tokens,

@@ -103,3 +103,13 @@ def synthetic_image(root: Path, spec: str) -> str:
     path = str(root / "draft.img")
     pack_checkpoint(root / "ckpt", path, f"synthetic-{spec}")
     return path
+
+
+def image_or_synthetic(root: Path, image_path: str | None, synthetic: str | None, what: str) -> str:
+    """The benchmark's image: a synthetic LAYERSxHIDDEN Llama packed into ``root`` when one is
+    asked for, else ``image_path``; ``what`` names the image in the error when neither is."""
+    if synthetic:
+        return synthetic_image(root, synthetic)
+    if image_path is None:
+        raise InvalidArgumentError(f"give {what} or --synthetic LAYERSxHIDDEN")
+    return image_path

@@ -126,10 +126,15 @@ class LookupState(ContextState):
         # Drafting ahead on a branch also prepares the index entries that committing exactly
         # that branch adds, so that a prefetch hit commits without recomputing them.
         prepared = self._entries(tail, base, n_ctx, n_ctx + (len(branch) >> 2)) if branch else None
-        for c in reversed(self._chains):
+        branch_entries = prepared or [[] for _ in self._chains]
+        for i in reversed(range(len(self._chains))):
+            c = self._chains[i]
             if len(tail) < c.width:
                 continue
-            j = c.find(tail[len(tail) - c.width :], ctx)
+            key = tail[len(tail) - c.width :]
+            # the latest occurrence may lie in the branch itself, as it would once committed
+            j = next((p for p, gram in reversed(branch_entries[i]) if gram == key), None)
+            j = c.find(key, ctx) if j is None else j
             if j is not None:
                 break
         else:
@@ -137,7 +142,7 @@ class LookupState(ContextState):
         need = 4 * k
         if j + k <= n_ctx:
             return Proposal(_take(ctx, 4 * j, 4 * j + need), None, prepared)
-        src = _take(ctx, 4 * j) + branch
+        src = _take(ctx, 4 * j) + branch if j <= n_ctx else branch[4 * (j - n_ctx) :]
         return Proposal((src * (need // len(src) + 1))[:need], None, prepared)
 
 

@@ -20,13 +20,14 @@ def unpack(data: bytes) -> list[int]:
 
 def reference(ctx: list[int], branch: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Longest suffix n-gram (max_n down to min_n) of ctx + branch; its latest earlier
-    occurrence ending before a committed token; continue from there, repeating as needed."""
+    occurrence (the branch drafts as if committed: a prefetched draft must be the draft after
+    the commit); continue from there, repeating as needed."""
     full = ctx + branch
     for n in range(max_n, min_n - 1, -1):
         if len(full) < n:
             continue
         suffix = full[-n:]
-        for j in range(len(ctx) - 1, n - 1, -1):
+        for j in range(len(full) - 1, n - 1, -1):
             if full[j - n : j] == suffix:
                 out = []
                 source = list(full)

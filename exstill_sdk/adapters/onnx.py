@@ -1,8 +1,11 @@
 """A card image run as the *target* on the host CPU with onnxruntime (no torch needed).
 
 The same graph the card's engine runs (exstill_sdk.execution.graph), with one KV row per
-sequence. ``greedy(prompt, n)`` is the plain greedy loop, the reference a speculative decoder
-must reproduce.
+sequence. ``verify_batch`` scores every sequence of a round in one onnxruntime run (the slot
+graph, exstill_sdk.execution.slots): on a target bound by reading its weights, that is what
+makes several users cost little more than one. ``greedy(prompt, n)`` is the plain greedy loop,
+the reference a speculative decoder must reproduce; ``greedy_batch`` decodes several prompts
+with one run a step, the plain baseline for several users.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
-from exstill_sdk.execution.runner import OnnxDecoder
+from exstill_sdk.execution.runner import MAX_CHUNK, OnnxDecoder
+from exstill_sdk.execution.slots import Feed, SlotRunner
 from exstill_sdk.image.reader import CardImage, open_image
 from exstill_sdk.speculative.adapter import TargetAdapter
 from exstill_sdk.support.tokens import CachedTokens
@@ -33,6 +37,9 @@ class OnnxTarget(TargetAdapter):
         self.eos_token_ids = tuple(self.image.tokenizer.special_ids.get("eos", ()))
         self.tokenizer = self.image.tokenizer
         self.positions = positions
+        self.threads = threads
+        self._slots: SlotRunner | None = None
+        """The slot graph's session, opened on the first batch of several sequences."""
         self._rows: dict[int, int] = {}
         self._cached: dict[int, CachedTokens] = {}
         self._free = list(range(max_sequences))
@@ -50,7 +57,10 @@ class OnnxTarget(TargetAdapter):
             self._cached[seq_id] = CachedTokens()
         return row
 
-    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+    def _tail(
+        self, seq_id: int, context: Sequence[int], draft: Sequence[int]
+    ) -> tuple[int, int, list[int]]:
+        """The sequence's row, and from which cache position which tokens it must be fed."""
         row = self._row(seq_id)
         if len(context) + len(draft) > self.positions:
             raise InvalidArgumentError(
@@ -58,7 +68,31 @@ class OnnxTarget(TargetAdapter):
                 "positions"
             )
         start, tail = self._cached[seq_id].advance(context, draft)  # O(new tokens)
+        return row, start, tail
+
+    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        row, start, tail = self._tail(seq_id, context, draft)
         return self.runner.prefill(row, np.asarray(tail, np.int64), start, last=len(draft) + 1)
+
+    def verify_batch(
+        self, items: Sequence[tuple[int, Sequence[int], Sequence[int]]]
+    ) -> list[np.ndarray]:
+        """Every sequence's round in one run over the weights (a long new context, such as a
+        prompt, is fed ahead on its own in chunks, all but its last MAX_CHUNK tokens)."""
+        if len(items) < 2:
+            return super().verify_batch(items)
+        if self._slots is None:
+            self._slots = SlotRunner(self.image, self.runner, self.threads)
+        feeds = []
+        for seq_id, context, draft in items:
+            row, start, tail = self._tail(seq_id, context, draft)
+            ahead = max(0, len(tail) - MAX_CHUNK)
+            if ahead:
+                self.runner.prefill(row, np.asarray(tail[:ahead], np.int64), start)
+            feeds.append(
+                Feed(row, np.asarray(tail[ahead:], np.int64), start + ahead, len(draft) + 1)
+            )
+        return self._slots.run(feeds)
 
     def rollback(self, seq_id: int, length: int) -> None:
         cached = self._cached.get(seq_id)
@@ -81,3 +115,17 @@ class OnnxTarget(TargetAdapter):
         finally:
             self.release(seq_id)
         return out
+
+    def greedy_batch(self, prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
+        """The plain greedy loop for several prompts at once: one run a step for all of them."""
+        ids = [-2 - i for i in range(len(prompts))]
+        outs: list[list[int]] = [[] for _ in prompts]
+        try:
+            for _ in range(n):
+                items = [(i, [*p, *o], ()) for i, p, o in zip(ids, prompts, outs, strict=True)]
+                for out, logits in zip(outs, self.verify_batch(items), strict=True):
+                    out.append(int(np.argmax(logits[-1])))
+        finally:
+            for i in ids:
+                self.release(i)
+        return outs

@@ -21,6 +21,13 @@ this step, minus one); ``total_sequence_length`` int32 scalar; ``logit_rows`` in
 the B*S positions to compute logits for); ``past_key_i``/``past_value_i`` float32
 [B, kv_heads, positions, head_dim]. Outputs: ``logits`` [M, vocab] and ``present_key_i``/
 ``present_value_i`` (the same buffers).
+
+The slot graph (``slots=R``) scores tokens of up to R sequences in one run, each sequence any
+number of tokens after its own past: ``input_ids`` [1, T] holds them end to end, slot b's
+being [``slot_start_b``, ``slot_end_b``) with ``seqlens_k_b``/``total_sequence_length_b`` as
+above and its own KV buffers ``past_key_i_b``/``past_value_i_b`` [1, kv_heads, positions,
+head_dim] (row b); ``unslot`` [T] says where each token's attention output lies among the
+slots' outputs (see ``_slot_attention``). Every matrix product runs once over all T tokens.
 """
 
 from __future__ import annotations
@@ -124,8 +131,9 @@ class GraphBuilder:
         return name
 
 
-def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
-    """The decoder graph for an image, with KV buffers of ``positions`` tokens per stream."""
+def build_decoder(image: CardImage, positions: int, slots: int = 0) -> onnx.ModelProto:
+    """The decoder graph for an image, with KV buffers of ``positions`` tokens per stream;
+    with ``slots``, the slot graph (module docstring) over that many KV rows."""
     arch: DecoderConfig = image.arch
     g = GraphBuilder()
     file = Path(image.path).name if image.path else ""
@@ -186,13 +194,27 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
     # ---------------------------------------------------------------- inputs
     g.inputs += [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
-        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
         helper.make_tensor_value_info("logit_rows", TensorProto.INT64, ["rows"]),
     ]
+    if slots:
+        g.inputs.append(helper.make_tensor_value_info("unslot", TensorProto.INT64, ["seq"]))
+        for b in range(slots):
+            g.inputs += [
+                helper.make_tensor_value_info(f"slot_start_{b}", TensorProto.INT64, [1]),
+                helper.make_tensor_value_info(f"slot_end_{b}", TensorProto.INT64, [1]),
+                helper.make_tensor_value_info(f"seqlens_k_{b}", TensorProto.INT32, [1]),
+                helper.make_tensor_value_info(f"total_sequence_length_{b}", TensorProto.INT32, []),
+            ]
+    else:
+        g.inputs += [
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        ]
     kv_shape: list[str | int | None] = ["batch", arch.num_kv_heads, positions, hd]
     cos, sin = cos_sin_tables(arch, positions)
-    cos_name, sin_name = g.const("rope_cos", cos), g.const("rope_sin", sin)
+    rope = (g.const("rope_cos", cos), g.const("rope_sin", sin))
+    if slots:
+        g.const("slot_axis", np.array([1], np.int64))
 
     # ---------------------------------------------------------------- embedding: [B, S, hidden]
     if int8:
@@ -240,39 +262,19 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
             attention_inputs = [q, k, v]
         else:  # one product for q, k and v, handed to attention packed
             attention_inputs = [linear(normed, qkv_names, qkv_bias), "", ""]
-        past_k, past_v = f"past_key_{i}", f"past_value_{i}"
-        present_k, present_v = f"present_key_{i}", f"present_value_{i}"
-        g.inputs += [
-            helper.make_tensor_value_info(past_k, TensorProto.FLOAT, kv_shape),
-            helper.make_tensor_value_info(past_v, TensorProto.FLOAT, kv_shape),
-        ]
-        g.outputs += [
-            helper.make_tensor_value_info(present_k, TensorProto.FLOAT, kv_shape),
-            helper.make_tensor_value_info(present_v, TensorProto.FLOAT, kv_shape),
-        ]
-        attn = g.name(p + "attn")
-        g.nodes.append(
-            helper.make_node(
-                "GroupQueryAttention",
-                [
-                    *attention_inputs,
-                    past_k,
-                    past_v,
-                    "seqlens_k",
-                    "total_sequence_length",
-                    cos_name,
-                    sin_name,
-                ],
-                [attn, present_k, present_v],
-                name=g.name(p + "gqa"),
-                domain="com.microsoft",
-                num_heads=arch.num_heads,
-                kv_num_heads=arch.num_kv_heads,
-                do_rotary=1,
-                rotary_interleaved=0,
-                local_window_size=arch.sliding_window or -1,
+        if slots:
+            attn = _slot_attention(g, attention_inputs, i, slots, arch, rope)
+        else:
+            attn = _attention(
+                g,
+                attention_inputs,
+                f"{i}",
+                "seqlens_k",
+                "total_sequence_length",
+                kv_shape,
+                arch,
+                rope,
             )
-        )
         o = linear(attn, [p + "attn.o.weight"], [p + "attn.o.bias"] if arch.o_bias else None)
         n2, _, _, x = g.op(
             "SkipSimplifiedLayerNormalization",
@@ -321,3 +323,86 @@ def build_decoder(image: CardImage, positions: int) -> onnx.ModelProto:
     )
     model.ir_version = 9
     return model
+
+
+def _attention(
+    g: GraphBuilder,
+    inputs: list[str],
+    suffix: str,
+    seqlens: str,
+    total: str,
+    kv_shape: list[str | int | None],
+    arch: DecoderConfig,
+    rope: tuple[str, str],
+) -> str:
+    """GroupQueryAttention over the KV buffers ``past_key_{suffix}``/``past_value_{suffix}``,
+    which are also its present outputs (bound to the same memory: appended in place)."""
+    past_k, past_v = f"past_key_{suffix}", f"past_value_{suffix}"
+    present_k, present_v = f"present_key_{suffix}", f"present_value_{suffix}"
+    g.inputs += [
+        helper.make_tensor_value_info(past_k, TensorProto.FLOAT, kv_shape),
+        helper.make_tensor_value_info(past_v, TensorProto.FLOAT, kv_shape),
+    ]
+    g.outputs += [
+        helper.make_tensor_value_info(present_k, TensorProto.FLOAT, kv_shape),
+        helper.make_tensor_value_info(present_v, TensorProto.FLOAT, kv_shape),
+    ]
+    attn = g.name(f"attn_{suffix}")
+    g.nodes.append(
+        helper.make_node(
+            "GroupQueryAttention",
+            [*inputs, past_k, past_v, seqlens, total, *rope],
+            [attn, present_k, present_v],
+            name=g.name(f"gqa_{suffix}"),
+            domain="com.microsoft",
+            num_heads=arch.num_heads,
+            kv_num_heads=arch.num_kv_heads,
+            do_rotary=1,
+            rotary_interleaved=0,
+            local_window_size=arch.sliding_window or -1,
+        )
+    )
+    return attn
+
+
+def _slot_attention(
+    g: GraphBuilder,
+    inputs: list[str],
+    layer: int,
+    slots: int,
+    arch: DecoderConfig,
+    rope: tuple[str, str],
+) -> str:
+    """Attention for tokens of several sequences laid end to end in one row ([1, T, ...]).
+
+    onnxruntime's GroupQueryAttention takes several tokens with past context only for a
+    batch of one, so each slot (KV row) gets its own node, on its tokens
+    [slot_start_b, slot_end_b) of the row; the matrix products around it stay one product over
+    all T tokens, which is what reads the weights once. A slot with no tokens in a call is
+    handed one token (the row's first) to score at a position past its row's data, so that
+    its output is thrown away (``unslot`` picks the real tokens out of the slots' outputs, laid
+    end to end) and what it writes lands where nothing valid is kept."""
+    outs = []
+    for b in range(slots):
+        sliced = [
+            g.op("Slice", [x, f"slot_start_{b}", f"slot_end_{b}", "slot_axis"], f"slot{b}_{layer}")[
+                0
+            ]
+            if x
+            else ""
+            for x in inputs
+        ]
+        outs.append(
+            _attention(
+                g,
+                sliced,
+                f"{layer}_{b}",
+                f"seqlens_k_{b}",
+                f"total_sequence_length_{b}",
+                [1, arch.num_kv_heads, f"cache_{b}", arch.head_dim],
+                arch,
+                rope,
+            )
+        )
+    laid = g.op("Concat", outs, f"slots_{layer}", axis=1)[0]
+    return g.op("Gather", [laid, "unslot"], f"unslot_{layer}", axis=1)[0]

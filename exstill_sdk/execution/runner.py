@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from exstill_sdk.errors import ImageError
@@ -19,6 +20,28 @@ from exstill_sdk.image.reader import CardImage
 
 MAX_CHUNK = 256
 """Longest run of tokens one prefill call feeds."""
+
+
+def open_session(
+    image: CardImage, model: onnx.ModelProto, threads: int = 0
+) -> ort.InferenceSession:
+    """An onnxruntime CPU session for one of an image's graphs (weights read from the image)."""
+    options = ort.SessionOptions()
+    if image.path is not None:
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(image.path.parent)
+        )
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # onnxruntime raises its own types
+        raise ImageError(
+            f"onnxruntime {ort.__version__} cannot run the graph of image "
+            f"{image.target!r}: {str(exc).splitlines()[0]}"
+        ) from None
 
 
 class _DecodeBuffers(NamedTuple):
@@ -41,23 +64,7 @@ class OnnxDecoder:
         self.arch = arch
         self.vocab_size = arch.vocab_size
         self.positions = positions
-        options = ort.SessionOptions()
-        if image.path is not None:
-            options.add_session_config_entry(
-                "session.model_external_initializers_file_folder_path", str(image.path.parent)
-            )
-        if threads:
-            options.intra_op_num_threads = threads
-        model = build_decoder(image, positions)
-        try:
-            self.session = ort.InferenceSession(
-                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:  # onnxruntime raises its own types
-            raise ImageError(
-                f"onnxruntime {ort.__version__} cannot run the graph of image "
-                f"{image.target!r}: {str(exc).splitlines()[0]}"
-            ) from None
+        self.session = open_session(image, build_decoder(image, positions), threads)
         shape = (rows, arch.num_kv_heads, positions, arch.head_dim)
         self.keys = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]
         self.values = [np.zeros(shape, np.float32) for _ in range(arch.num_layers)]

@@ -11,6 +11,7 @@ import contextlib
 import struct
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -81,6 +82,7 @@ class Card(ImageStoreRequests):
         self._closed = False
         self._client = client
         self._streams: weakref.WeakSet[DraftStream] = weakref.WeakSet()
+        self._held: list[tuple[bytes, int]] | None = None
         try:
             self._info = self._hello(client)
             self._authenticate()
@@ -112,12 +114,33 @@ class Card(ImageStoreRequests):
 
     def _exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes:
         """Send a request frame and return its checked reply frame (raises the card's error)."""
+        if self._held is not None:
+            self._mux.forget(rid)
+            raise InvalidArgumentError("a request that waits for its reply cannot be held back")
         deadline = time.monotonic() + (timeout or self.timeout)
         self._send(frame, rid)
         return self._receive(rid, opcode, deadline)
 
     def _send(self, frame: bytes, rid: int) -> None:
-        self._mux.send(frame, rid)
+        if self._held is not None:
+            self._held.append((frame, rid))
+        else:
+            self._mux.send(frame, rid)
+
+    @contextlib.contextmanager
+    def sent_together(self) -> Iterator[None]:
+        """Requests sent inside (without waiting for their replies: ``send_commit``) go out
+        in one write when the block ends, so that the card reads them together: the rounds of
+        a batch are then drafted as one batch. Waiting for a reply inside is an error."""
+        if self._held is not None:
+            raise InvalidArgumentError("sent_together blocks do not nest")
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._mux.send_many(held)
 
     def _receive(self, rid: int, opcode: int, deadline: float) -> bytes:
         """Request ``rid``'s checked reply frame (raises the card's error)."""

@@ -52,6 +52,16 @@ class ReplyMultiplexer:
             self._pending.discard(rid)
             raise
 
+    def send_many(self, frames: list[tuple[bytes, int]]) -> None:
+        """Send several requests' frames in one write; a failed send forgets them all."""
+        try:
+            with self._send_lock:
+                self.transport.send_frames([frame for frame, _ in frames])
+        except BaseException:
+            for _, rid in frames:
+                self._pending.discard(rid)
+            raise
+
     def receive(self, rid: int, deadline: float) -> bytes:
         """Request ``rid``'s reply frame (whole and checked, not yet interpreted)."""
         try:

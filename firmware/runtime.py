@@ -77,6 +77,17 @@ _NEEDS_HANDSHAKE = frozenset(
 """Requests a session may make only after its HELLO."""
 
 
+class _Deferred:
+    """A COMMIT whose draft ahead missed, its draft made with the others of the same read
+    (``CardRuntime.handle_many``): one batched step per drafted position for all of them."""
+
+    __slots__ = ("handle", "k", "rid", "stream")
+
+    def __init__(self, stream: Stream, k: int) -> None:
+        self.stream, self.k = stream, k
+        self.rid = self.handle = 0
+
+
 class CardRuntime:
     def __init__(
         self,
@@ -110,6 +121,8 @@ class CardRuntime:
         self.telemetry = Telemetry()
         self.prefetcher = Prefetcher(background_prefetch) if prefetch else None
         self._lock = threading.Lock()
+        self._batching = False
+        """Inside handle_many: COMMITs that need a fresh draft defer it (``_Deferred``)."""
         self._handlers: dict[int, Callable[[Session, int, bytes], bytes]] = {
             Opcode.HELLO: self._hello,
             Opcode.PING: self._ping,
@@ -196,10 +209,80 @@ class CardRuntime:
             except Exception as exc:  # a runtime bug must not take the card down
                 log.exception("internal error serving opcode 0x%02x", op)
                 return self._error(rid, handle, ErrorCode.INTERNAL, f"internal error: {exc}")
+            if payload.__class__ is _Deferred:
+                payload.rid, payload.handle = rid, handle  # type: ignore[attr-defined]
+                return payload  # type: ignore[return-value]
             return seal(
                 HEADER.pack(PROTOCOL_VERSION, op | RESPONSE_BIT, rid, handle, len(payload))
                 + payload
             )
+
+    def handle_many(self, session: Session, frames: Iterable[bytes]) -> list[bytes]:
+        """Serve the frames of one read in order; their replies (a dropped frame has none).
+        The COMMITs among them whose draft ahead missed are drafted together, one batched
+        step per position for all their streams, instead of one stream after another: a host
+        that sends a batch's rounds at once waits for one draft, not one per stream."""
+        out: list[bytes | _Deferred | None] = []
+        waiting: set[int] = set()  # handles with a deferred draft
+        self._batching = True
+        try:
+            for frame in frames:
+                if waiting and not self._joins_batch(frame, waiting):
+                    self._draft_deferred(out)
+                    waiting.clear()
+                reply = self.handle(session, frame)
+                if reply.__class__ is _Deferred:
+                    waiting.add(reply.handle)  # type: ignore[union-attr]
+                out.append(reply)
+        finally:
+            self._batching = False
+        if waiting:
+            self._draft_deferred(out)
+        return [r for r in out if r is not None]  # type: ignore[misc]
+
+    @staticmethod
+    def _joins_batch(frame: bytes, waiting: set[int]) -> bool:
+        """A COMMIT for a stream with no deferred draft: it may be served before them."""
+        if len(frame) < HEADER_SIZE or frame[1] != Opcode.COMMIT:
+            return False
+        return HEADER.unpack_from(frame)[3] not in waiting
+
+    def _draft_deferred(self, out: list[bytes | _Deferred | None]) -> None:
+        """Make every deferred draft in ``out``, batched per engine, and put the replies in
+        their places."""
+        jobs = [(i, d) for i, d in enumerate(out) if d.__class__ is _Deferred]
+        ahead = self.prefetcher is not None  # one more token: the bonus guess
+        with self._lock:
+            by_engine: dict[int, list[tuple[int, _Deferred]]] = {}
+            for i, d in jobs:
+                by_engine.setdefault(id(d.stream.engine), []).append((i, d))  # type: ignore[union-attr]
+            for group in by_engine.values():
+                engine = group[0][1].stream.engine
+                try:
+                    proposals = engine.propose_many(
+                        [(d.stream.state, d.k + ahead, b"") for _, d in group]
+                    )
+                    for (i, d), proposal in zip(group, proposals, strict=True):
+                        payload = self._serve(d.stream, d.k, proposal.tokens, proposal.dists)
+                        out[i] = seal(
+                            HEADER.pack(
+                                PROTOCOL_VERSION,
+                                Opcode.COMMIT | RESPONSE_BIT,
+                                d.rid,
+                                d.handle,
+                                len(payload),
+                            )
+                            + payload
+                        )
+                except ExstillError as exc:
+                    for i, d in group:
+                        out[i] = self._error(d.rid, d.handle, exc.code, exc.message)
+                except Exception as exc:  # a runtime bug must not take the card down
+                    log.exception("internal error drafting a batch of rounds")
+                    for i, d in group:
+                        out[i] = self._error(
+                            d.rid, d.handle, ErrorCode.INTERNAL, f"internal error: {exc}"
+                        )
 
     def _refusal(self, op: int, session: Session) -> str:
         what = "administration" if op in ADMIN_OPCODES else "a request from another host"
@@ -431,6 +514,8 @@ class CardRuntime:
         stream.end_change()
         if hit is not None:
             return self._serve(stream, next_k, hit.tokens, hit.dists, prefetch_hit=True)
+        if self._batching and next_k:
+            return _Deferred(stream, next_k)  # type: ignore[return-value]
         return self._draft_reply(stream, next_k)
 
     # ------------------------------------------------------------ drafting

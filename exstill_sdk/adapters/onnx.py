@@ -10,6 +10,7 @@ with one run a step, the plain baseline for several users.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class OnnxTarget(TargetAdapter):
         self.tokenizer = self.image.tokenizer
         self.positions = positions
         self.threads = threads
+        self.max_batch = max_sequences
         self._slots: SlotRunner | None = None
         """The slot graph's session, opened on the first batch of several sequences."""
         self._rows: dict[int, int] = {}
@@ -116,15 +118,24 @@ class OnnxTarget(TargetAdapter):
             self.release(seq_id)
         return out
 
-    def greedy_batch(self, prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
-        """The plain greedy loop for several prompts at once: one run a step for all of them."""
+    def greedy_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        step_times: list[float] | None = None,
+    ) -> list[list[int]]:
+        """The plain greedy loop for several prompts at once: one run a step for all of them
+        (the seconds of each step appended to ``step_times``, the first one the prompts')."""
         ids = [-2 - i for i in range(len(prompts))]
         outs: list[list[int]] = [[] for _ in prompts]
         try:
             for _ in range(n):
+                t0 = time.perf_counter()
                 items = [(i, [*p, *o], ()) for i, p, o in zip(ids, prompts, outs, strict=True)]
                 for out, logits in zip(outs, self.verify_batch(items), strict=True):
                     out.append(int(np.argmax(logits[-1])))
+                if step_times is not None:
+                    step_times.append(time.perf_counter() - t0)
         finally:
             for i in ids:
                 self.release(i)

@@ -14,8 +14,12 @@ is compacted) or are preempted. ``RowStreams`` therefore matches by content:
   common prefix, then prefilled) or opens one;
 - streams that no row in the batch wants are closed.
 
-The rows' COMMITs are sent together and their replies collected after, so a step costs about
-one round trip to the card, not one per row. A card error on a row drops that row's stream (the
+The rows' COMMITs are sent together, in one write, and their replies collected after, so a
+step costs about one round trip to the card, not one per row (and the card drafts the rows
+whose draft ahead missed as one batch). Rows beyond the card's streams go without drafts; once
+the card has refused a stream, no row asks again until a stream has been closed here or
+``RETRY_STEPS`` steps have passed (another host may free one), so a full card is not asked for
+a stream every step. A card error on a row drops that row's stream (the
 row goes on without drafts until it is re-opened); a lost link gives the step no drafts and
 reconnects. Output never depends on any of this: the target verifies every drafted token.
 """
@@ -33,6 +37,10 @@ from exstill_sdk.card import Card, Draft, DraftStream
 from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError
 from exstill_sdk.protocol.constants import WireMode
 from exstill_sdk.support.tokens import common_prefix, continues
+
+RETRY_STEPS = 64
+"""Steps after the card refused a stream before rows without one ask again, if no stream was
+closed here meanwhile."""
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,9 @@ class RowStreams:
         self.engine = engine
         self.stats = RowStats()
         self._rows: dict[int, _Tracked] = {}
+        self._refused: tuple[int, int] | None = None
+        """(streams closed, step) when the card last refused a stream."""
+        self._steps = 0
 
     def propose(
         self,
@@ -125,31 +136,50 @@ class RowStreams:
                 orphans.append((i, ctx))
             else:
                 self._rows[i] = tracked
+        self._steps += 1
         for i, ctx in orphans:
+            if not unclaimed and self._card_full():
+                self.stats.no_stream += 1
+                continue
             try:
                 self._rows[i] = self._reuse_or_open(unclaimed, i, ctx)
             except CardFullError:
                 self.stats.no_stream += 1  # more requests than streams: this one goes without
+                self._refused = (self.stats.closed, self._steps)
         for tracked in unclaimed.values():
             self._close(tracked)
-        # Send every row's round, then collect the drafts.
-        in_flight: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, rid, accepted)
+        # Bring new rows up to date (prefill, draft), then send every other row's round in
+        # one write, then collect the drafts.
+        rounds: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, accepted, next K)
         for i, ctx in wanted:
             tracked = self._rows.get(i)
             if tracked is None:
                 continue
             limit = k if max_length is None else min(k, max_length - len(ctx))
+            limit = max(0, min(limit, tracked.stream.capacity - len(ctx) - 1))  # bonus room
+            accepted = self._one_round_on(tracked, ctx)
+            if accepted is not None:
+                rounds.append((i, ctx, accepted, limit))
+                continue
             try:
-                sent = self._send(tracked, ctx, limit)
+                tracked.stream.prefill([int(t) for t in ctx[len(tracked.tokens) :]])
+                self.stats.prefills += 1
+                out[i] = self._record(tracked, ctx, tracked.stream.draft(limit))
             except DeviceLostError:
                 raise
             except ExstillError as exc:
                 self._drop(i, exc)
-                continue
-            if isinstance(sent, Draft):
-                out[i] = self._record(tracked, ctx, sent)
-            else:
-                in_flight.append((i, ctx, *sent))
+        in_flight: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, rid, accepted)
+        with self.card.sent_together():
+            for i, ctx, accepted, limit in rounds:
+                try:
+                    rid = self._rows[i].stream.send_commit(accepted, int(ctx[-1]), limit)
+                except DeviceLostError:
+                    raise
+                except ExstillError as exc:
+                    self._drop(i, exc)
+                    continue
+                in_flight.append((i, ctx, rid, accepted))
         for i, ctx, rid, accepted in in_flight:
             tracked = self._rows[i]
             try:
@@ -225,19 +255,23 @@ class RowStreams:
 
     # ------------------------------------------------------------------ one row
 
-    def _send(self, tracked: _Tracked, ctx: np.ndarray, k: int) -> tuple[int, int] | Draft:
-        """Start bringing the stream to ``ctx`` (which extends its context) with a draft of up
-        to ``k``: one round in flight (request id, accepted count) when the row is one round
-        on from the stream, else the draft of a prefill."""
-        k = max(0, min(k, tracked.stream.capacity - len(ctx) - 1))  # room for the bonus
+    def _card_full(self) -> bool:
+        """The card refused a stream, none was closed here since, and it was lately."""
+        if self._refused is None:
+            return False
+        closed, step = self._refused
+        return closed == self.stats.closed and self._steps - step < RETRY_STEPS
+
+    @staticmethod
+    def _one_round_on(tracked: _Tracked, ctx: np.ndarray) -> int | None:
+        """How many drafted tokens the row accepted, when ``ctx`` is the stream's context plus
+        an accepted prefix of its pending draft and one more token (one COMMIT brings it up to
+        date); None when the stream needs a prefill."""
         new = ctx[len(tracked.tokens) :]
         pending = tracked.draft
         if pending is not None and common_prefix(new[:-1], np.asarray(pending)) == len(new) - 1:
-            accepted = len(new) - 1
-            return tracked.stream.send_commit(accepted, int(new[-1]), k), accepted
-        tracked.stream.prefill([int(t) for t in new])
-        self.stats.prefills += 1
-        return tracked.stream.draft(k)
+            return len(new) - 1
+        return None
 
     @staticmethod
     def _record(tracked: _Tracked, ctx: np.ndarray, draft: Draft) -> list[int]:

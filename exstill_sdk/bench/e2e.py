@@ -2,7 +2,8 @@
 
 - the ONNX target alone, with the card's transformer draft and with its prompt-lookup engine;
 - acceptance and tokens/s for fixed K = 1..8, and adaptive K against the best fixed K;
-- several users at once (one speculative sequence each, the card's streams shared);
+- the users curve on the large (memory-bound) demo target (bench.users): plain batching against
+  the card, adaptive K against every fixed K, 1 to 16 users;
 - the same two models loaded into transformers from the same weights: the target's own greedy
   ``generate``, HF assisted generation (``generate(assistant_model=draft)``), and our decoder
   with that HF target and the card;
@@ -39,7 +40,9 @@ def run(
     prompt_tokens: int = 96,
     new_tokens: int = 128,
     ks: KList = (1, 2, 3, 4, 5, 6, 7, 8),
-    users: KList = (1, 4, 8, 12, 16),
+    users: KList = (1, 2, 4, 8, 12, 16),
+    users_ks: KList = (1, 2, 3, 4, 6, 8),
+    users_repeats: int = 2,
     hf: bool = True,
     sizes: tuple[str, ...] = (),
     size_runs: int = 2,
@@ -54,9 +57,7 @@ def run(
     n_out = new_tokens * len(inputs)
     host_cpu, card_cpu = split_cores()
     with pinned(host_cpu):  # the target and the host's loop on one core, the card on another
-        target = OnnxTarget(
-            data / "target.img", max_sequences=max(users), positions=POSITIONS, threads=THREADS
-        )
+        target = OnnxTarget(data / "target.img", positions=POSITIONS, threads=THREADS)
         plain_s = 0.0
         reference = []
         for p in inputs:
@@ -105,19 +106,20 @@ def run(
             onnx["adaptive_vs_best_fixed"] = round(
                 onnx["draft_adaptive"]["tokens_per_s"] / onnx["fixed_k"][best]["tokens_per_s"], 3
             )
-            onnx["users"] = {}
-            for n in users:
-                batch = [inputs[i % len(inputs)] for i in range(n)]
-                decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max(ks))
-                seconds, outs = timed(decoder.generate_batch, batch, new_tokens, stop_token_ids=[])
-                onnx["users"][str(n)] = {
-                    "tokens_per_s": round(n * new_tokens / seconds, 1),
-                    "exact": [o.tokens for o in outs]
-                    == [reference[i % len(inputs)] for i in range(n)],
-                }
             if hf:
                 result["hf_target"] = _hf_side_by_side(card, inputs, new_tokens, max(ks))
-    if sizes:  # after the host is unpinned: the sweep places its own processes
+    if users:  # after the host is unpinned: these place their own processes
+        from exstill_sdk.bench import users as by_users
+
+        result["users"] = by_users.run(
+            users=users,
+            ks=users_ks,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            repeats=users_repeats,
+            progress=progress,
+        )
+    if sizes:
         from exstill_sdk.bench import sizes as by_size
 
         result["sizes"] = by_size.run(

@@ -67,7 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
     e2e.add_argument("--max-k", type=int, default=8, help="sweep K = 1..MAX_K (default 8)")
     e2e.add_argument(
-        "--users", default="1,4,8,12,16", help="concurrent users to measure (default 1,4,8,12,16)"
+        "--users",
+        default="1,2,4,8,12,16",
+        help="the users curve on the large demo target: user counts (default 1,2,4,8,12,16; "
+        "'none' skips it)",
+    )
+    e2e.add_argument(
+        "--users-k",
+        default="1,2,3,4,6,8",
+        help="fixed K compared with adaptive K at every user count (default 1,2,3,4,6,8)",
+    )
+    e2e.add_argument(
+        "--users-repeats",
+        type=int,
+        default=2,
+        help="alternated runs of each way per user count (default 2)",
     )
     e2e.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     e2e.add_argument(
@@ -149,12 +163,17 @@ def _main(args: argparse.Namespace) -> int:
     elif args.bench == "e2e":
         from exstill_sdk.bench import e2e
 
+        if args.users_repeats < 1:
+            raise UsageError("--users-repeats wants 1 or more")
+
         result = e2e.run(
             prompts=args.prompts,
             prompt_tokens=args.prompt_tokens,
             new_tokens=args.new_tokens,
             ks=tuple(range(1, args.max_k + 1)),
-            users=_numbers("--users", args.users),
+            users=() if args.users == "none" else _numbers("--users", args.users),
+            users_ks=_numbers("--users-k", args.users_k),
+            users_repeats=args.users_repeats,
             hf=not args.no_hf,
             sizes=_sizes(args.sizes),
             size_runs=args.size_runs,

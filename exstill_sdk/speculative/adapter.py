@@ -27,6 +27,10 @@ class TargetAdapter(ABC):
     """Width of the logits the target returns."""
     eos_token_ids: tuple[int, ...] = ()
     """Tokens that end a sequence (the decoder stops after emitting one)."""
+    max_batch: int = 0
+    """How many sequences the target can hold at once; sequences the card has no stream for
+    then run with the target alone (K = 0) until one frees. 0: unknown, so they wait for a
+    stream instead."""
     tokenizer: TokenizerFingerprint | None = None
     """The target's tokenizer identity; a card stream on an image made for another tokenizer
     is refused. None skips the hash check (the vocabulary size is still compared)."""

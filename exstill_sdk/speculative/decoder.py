@@ -3,15 +3,21 @@
 One round per sequence: the target scores the card's draft (one call, K + 1 positions), the
 acceptance rule picks the accepted prefix and the target's next token, and one COMMIT tells the
 card (accepted count, that token, next K) and brings back the next draft, which the card may
-already have drafted ahead while the target was verifying. Sequences beyond the card's free
-streams wait in a queue; a finished sequence frees its stream at once.
+already have drafted ahead while the target was verifying.
+
+Several sequences share each round: the target verifies all of them in one ``verify_batch``
+call (one pass over its weights, for a target that batches), their COMMITs go to the card
+together and the replies are read after, and with adaptive K their draft lengths are chosen
+together (exstill_sdk.speculative.batch_k: what a pass costs depends on the tokens in it, so
+the best K depends on how many sequences share it). A sequence the card has no free stream for
+runs with the target alone (K = 0) and asks again only when a stream has been freed.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -36,6 +42,7 @@ from exstill_sdk.speculative.acceptance import (
 )
 from exstill_sdk.speculative.adapter import TargetAdapter
 from exstill_sdk.speculative.adaptive import AdaptiveK, FixedK, KPolicy
+from exstill_sdk.speculative.batch_k import BatchK
 from exstill_sdk.speculative.metrics import SpecMetrics
 from exstill_sdk.speculative.sampling import SamplingParams, target_probs
 
@@ -82,6 +89,11 @@ class _Sequence:
     its next draft."""
     sync_rid: int | None = None
     """A PREFILL sent without waiting, whose reply is still to be read."""
+    commit_plan: tuple[int, int, int] | None = None
+    """A COMMIT (accepted, bonus, next K) to send with the batch's others."""
+    commit_rid: tuple[int, int] | None = None
+    """A COMMIT sent without waiting (a batch's rounds travel together): its request id and
+    accepted count, the reply still to read."""
     finished: bool = False
     previous_start: float = 0.0
     last_card_wait: float = 0.0
@@ -131,6 +143,15 @@ class SpeculativeDecoder:
         self._adaptive = AdaptiveK(self.max_k) if k == "adaptive" else None
         """One adaptive policy for every sequence of this decoder: what a round costs is the
         target's and the card's, not a sequence's, and it is learnt once."""
+        self._batch_k = BatchK(self.max_k) if k == "adaptive" else None
+        """K for rounds of several sequences (one pass over the target for all of them)."""
+        self._last_pass: tuple[int, float, int | None, float] | None = None
+        """The last batch pass (tokens, seconds, tokens then drafted, when it ended), to be
+        observed with the time until the next pass; None when it fed a prompt."""
+        self._streams_freed = 0
+        self._card_full_at = -1
+        """``_streams_freed`` when the card last refused a stream: sequences without one ask
+        again only after this decoder has freed one."""
         self.reconnects = 0
         """Times the decoder re-established the card link and re-opened its streams."""
         self._next_index = 0
@@ -174,6 +195,17 @@ class SpeculativeDecoder:
         """Tokens as the target accepts them."""
         for _, emitted in self._run([prompt_ids], max_new_tokens, stop_token_ids):
             yield from emitted
+
+    def stream_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        stop_token_ids: Iterable[int] | None = None,
+    ) -> Iterator[tuple[int, list[int]]]:
+        """Several sequences' tokens as the target accepts them: (prompt index, tokens)."""
+        first = self._next_index
+        for s, emitted in self._run(prompts, max_new_tokens, stop_token_ids):
+            yield s.index - first, emitted
 
     def generate_batch(
         self,
@@ -234,11 +266,13 @@ class SpeculativeDecoder:
             sink.update({s.index: s for s in pending})
         active: list[_Sequence] = []
         started = time.perf_counter()
+        self._last_pass = None
         try:
             while pending or active:
                 while pending:
                     try:
-                        self._start(pending[0])
+                        batch = bool(active) or len(pending) > 1
+                        self._start(pending[0], batch and len(active) < self.target.max_batch)
                     except CardFullError:
                         if not active:
                             raise
@@ -250,6 +284,7 @@ class SpeculativeDecoder:
                 if len(active) == 1 and not pending and active[0].draft is _NO_DRAFT:
                     burst = active[0].policy.plain_rounds()
                     if burst > 1:
+                        self._last_pass = None
                         try:
                             yield from self._plain_burst(active[0], burst)
                         except _StreamLost:
@@ -259,11 +294,15 @@ class SpeculativeDecoder:
                 items = [(s.index, s.tokens, s.draft.tokens) for s in active]  # type: ignore[union-attr]
                 t0 = time.perf_counter()
                 all_logits = self.target.verify_batch(items)
-                verify_each = (time.perf_counter() - t0) / len(active)
+                verify_s = time.perf_counter() - t0
                 lost = False
-                for s, logits in zip(active, all_logits, strict=True):
+                if len(active) > 1:
+                    lost = yield from self._batch_round(active, all_logits, t0, verify_s)
+                else:
+                    self._last_pass = None
+                    s = active[0]
                     try:
-                        emitted = self._round(s, logits, verify_each)
+                        emitted = self._round(s, all_logits[0], verify_s)
                     except _StreamLost as exc:
                         emitted, lost = exc.emitted, True
                     yield s, emitted
@@ -276,12 +315,83 @@ class SpeculativeDecoder:
             elapsed = time.perf_counter() - started
             self.metrics.total_s += elapsed
 
+    def _batch_round(
+        self, active: list[_Sequence], all_logits: list[np.ndarray], t0: float, verify_s: float
+    ) -> Generator[tuple[_Sequence, list[int]], None, bool]:
+        """One round of several sequences after their one verification pass: acceptance for
+        each, the next K for all together, their COMMITs sent together and the replies read
+        after. Returns whether the card was lost."""
+        planner = self._batch_k
+        if planner is not None and self._last_pass is not None:
+            tokens, seconds, drafted, end = self._last_pass
+            planner.observe_pass(tokens, seconds, drafted, t0 - end)
+        steady = all(s.metrics.rounds for s in active)  # no prompt in this pass
+        tokens = sum(len(s.draft.tokens) + 1 for s in active)  # type: ignore[union-attr]
+        each = verify_s / len(active)
+        going: list[tuple[_Sequence, int, int]] = []
+        for s, logits in zip(active, all_logits, strict=True):
+            draft = s.draft.tokens  # type: ignore[union-attr]
+            n, token = self._accept(s, draft, logits)
+            emitted = self._emit(s, draft, n, token, each)
+            if planner is not None:
+                planner.observe_round(s.index, len(draft), n)
+            yield s, emitted
+            if s.finish is None:
+                going.append((s, n, token))
+            else:
+                self._finish(s)
+        seqs = [s for s, _, _ in going]
+        limits = [self._limit(s) for s in seqs]
+        if planner is not None:
+            ks = planner.choose([s.index for s in seqs], limits)
+        else:
+            ks = [s.policy.choose(limit) for s, limit in zip(seqs, limits, strict=True)]
+        lost = False
+        only_commits = True  # no stream brought up to date: the round costs what drafting does
+        for (s, n, token), k in zip(going, ks, strict=True):
+            s.metrics.k_chosen[k] += 1
+            try:
+                s.draft = self._next_draft(s, n, token, k, defer=True)
+            except DeviceLostError:
+                s.draft, lost = None, True
+            only_commits &= s.commit_plan is not None or not k
+        try:
+            with self.card.sent_together():  # one write: the card drafts the misses as one
+                for s in seqs:
+                    if s.commit_plan is not None and s.stream is not None:
+                        (accepted, token, k), s.commit_plan = s.commit_plan, None
+                        s.commit_rid = (s.stream.send_commit(accepted, token, k), accepted)
+        except DeviceLostError:
+            lost = True
+            for s in seqs:
+                s.commit_plan = s.commit_rid = None
+                s.draft = None
+        waited = time.perf_counter()
+        for s in seqs:
+            if s.commit_rid is not None and s.stream is not None:
+                (rid, accepted), s.commit_rid = s.commit_rid, None
+                try:
+                    s.draft = s.stream.receive_commit(rid, accepted)
+                except DeviceLostError:
+                    s.draft, lost = None, True
+            if s.draft is not None:
+                s.metrics.prefetch_hits += s.draft.prefetch_hit
+        end = time.perf_counter()
+        for s in seqs:
+            s.metrics.card_wait_s += (end - waited) / len(seqs)
+            s.previous_start = s.round_start = end
+        drafted = sum(ks) if only_commits else None
+        self._last_pass = (tokens, verify_s, drafted, t0 + verify_s) if steady else None
+        return lost
+
     def _limit(self, s: _Sequence) -> int:
         """The largest useful K: the card's, the budget's and the slot's."""
         remaining = s.max_new_tokens - len(s.generated) - 1
         limit = min(self.max_k, remaining)
         if s.stream is not None and not self.long_context:
             limit = min(limit, s.stream.capacity - s.stream.length - 1)
+        elif s.stream is None and self._card_full_at == self._streams_freed:
+            return 0  # the card refused a stream and none has been freed since
         return max(0, limit)
 
     def _open(self, s: _Sequence) -> DraftStream:
@@ -304,17 +414,22 @@ class SpeculativeDecoder:
         stream.prefill(s.tokens)  # the prompt, or after a reconnect everything so far
         return stream
 
-    def _start(self, s: _Sequence) -> None:
+    def _start(self, s: _Sequence, alone: bool = False) -> None:
         """The sequence's first draft. A sequence that starts at K = 0 takes no card stream
-        until drafting pays (CardFullError queues the others, as before)."""
+        until drafting pays; with ``alone``, one the card has no free stream for starts with
+        the target alone (else CardFullError queues it)."""
         t0 = s.started = s.started or time.perf_counter()
         k = s.policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
         s.stream = None
+        s.draft, s.card_behind = _NO_DRAFT, True
         if k:
-            s.draft = self._open(s).draft(k)
-        else:
-            s.draft, s.card_behind = _NO_DRAFT, True
+            try:
+                s.draft = self._open(s).draft(k)
+            except CardFullError:
+                if not alone:
+                    raise
+                self._card_full_at = self._streams_freed
         s.round_start = time.perf_counter()
         s.metrics.card_wait_s += s.round_start - t0
 
@@ -415,17 +530,21 @@ class SpeculativeDecoder:
         s.metrics.prefetch_hits += s.draft.prefetch_hit
         s.previous_start, s.round_start = s.round_start, now
 
-    def _next_draft(self, s: _Sequence, accepted: int, token: int, k: int) -> Draft:
+    def _next_draft(
+        self, s: _Sequence, accepted: int, token: int, k: int, defer: bool = False
+    ) -> Draft | None:
         """The draft for the next round. K = 0 is a round of the target alone: no card round
-        at all; the card catches up with one PREFILL when drafting pays again."""
+        at all; the card catches up with one PREFILL when drafting pays again. With ``defer``
+        a plain round's COMMIT is left to be sent with the others (``commit_plan``; None is
+        returned)."""
         stream = s.stream
-        if stream is None:  # the sequence started at K = 0: open a stream now
-            if not k:
+        if stream is None:  # no stream yet (K was 0, or the card was full): open one now
+            if not k or self._card_full_at == self._streams_freed:
                 return _NO_DRAFT
             try:
                 return self._open(s).draft(k)
             except CardFullError:  # no free stream: the target goes on alone
-                s.stream = None
+                s.stream, self._card_full_at = None, self._streams_freed
                 return _NO_DRAFT
         if not k:
             s.card_behind = True
@@ -434,6 +553,9 @@ class SpeculativeDecoder:
                 s.sync_rid = stream.send_prefill(s.tokens[stream.length :])
             return _NO_DRAFT
         if not s.card_behind:
+            if defer:
+                s.commit_plan = (accepted, token, k)
+                return None
             return stream.commit(accepted, token, k)  # the one round trip of a round
         self._settle_sync(s)
         if len(s.tokens) > stream.length:
@@ -473,11 +595,14 @@ class SpeculativeDecoder:
             if s.stream is not None:
                 self._settle_sync(s)
                 s.stream.close()
+                self._streams_freed += 1
         except (DeviceLostError, LinkTimeoutError):
             pass  # every token is already verified; a card frees a lost link's streams
         finally:
             s.stream = None
             self.target.release(s.index)
+            if self._batch_k is not None:
+                self._batch_k.forget(s.index)
             per_sequence_total = time.perf_counter() - s.started if s.started else 0.0
             s.metrics.total_s = 0.0  # the decoder counts its own wall time
             self.metrics.merge(s.metrics)

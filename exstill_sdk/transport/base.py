@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from types import TracebackType
 from typing import ClassVar
 from urllib.parse import SplitResult, parse_qs, urlsplit
@@ -33,6 +34,12 @@ class Transport(ABC):
     @abstractmethod
     def send_frame(self, frame: bytes) -> None:
         """Write one frame."""
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Write several frames; a byte-stream link writes them at once, so that the card
+        reads them together (and serves them as one batch)."""
+        for frame in frames:
+            self.send_frame(frame)
 
     @abstractmethod
     def recv_frame(self, deadline: float) -> bytes:
@@ -137,6 +144,13 @@ class TracingTransport(Transport):
 
         log.debug("-> %s", describe_frame(frame))
         self.inner.send_frame(frame)
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        from exstill_sdk.protocol.schema import describe_frame
+
+        for frame in frames:
+            log.debug("-> %s", describe_frame(frame))
+        self.inner.send_frames(frames)
 
     def recv_frame(self, deadline: float) -> bytes:
         from exstill_sdk.protocol.schema import describe_frame

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections import deque
+from collections.abc import Sequence
 
 from exstill_sdk.errors import DeviceLostError, NotACardError
 from exstill_sdk.protocol.constants import PROTOCOL_VERSION
@@ -46,6 +47,9 @@ class ByteStreamTransport(Transport):
 
     def send_frame(self, frame: bytes) -> None:
         self._write(encode_stream_frame(frame))
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        self._write(b"".join(map(encode_stream_frame, frames)))
 
     def recv_frame(self, deadline: float) -> bytes:
         frames = self._frames

@@ -2,10 +2,11 @@
 
 A link hands the runtime whole frames and sends back what it answers. On a byte stream (TCP,
 serial) ``feed`` takes what one read delivered, deframes it (COBS), serves every whole frame
-in order and returns the replies of that read as one write; the deframer's drops are counted in
-the card's telemetry. A link that carries whole frames (USB bulk transfers) calls ``handle``.
-After the replies are out the caller runs the runtime's prefetch work (``after_replies``), so
-the card drafts ahead while the host verifies.
+in order (``CardRuntime.handle_many``: the COMMITs of one read that need a fresh draft are
+drafted together) and returns the replies of that read as one write; the deframer's drops
+are counted in the card's telemetry. A link that carries whole frames (USB bulk transfers)
+calls ``handle``. After the replies are out the caller runs the runtime's prefetch work
+(``after_replies``), so the card drafts ahead while the host verifies.
 
 A point-to-point link (serial, USB) cannot tell that its host went away, so there a HELLO
 starts a fresh session and the previous session's streams are closed, as a card does when its
@@ -47,11 +48,12 @@ class HostLink:
         """Serve the frames completed by one read of a byte stream; the bytes to write back
         (every reply of the read, COBS-framed, in one buffer; empty when there is none)."""
         deframer = self._deframer
-        replies = [
-            encode_stream_frame(reply)
-            for reply in map(self.handle, deframer.feed(data))
-            if reply is not None
-        ]
+        frames = deframer.feed(data)
+        if self.single_host and any(f[1:2] == _HELLO for f in frames):
+            served = [r for r in map(self.handle, frames) if r is not None]
+        else:  # the frames of one read together: a batch's rounds are drafted as one
+            served = self.runtime.handle_many(self.session, frames)
+        replies = [encode_stream_frame(reply) for reply in served]
         if deframer.dropped:
             self.runtime.telemetry.frames_dropped += deframer.dropped
             deframer.dropped = 0

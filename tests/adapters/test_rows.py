@@ -222,3 +222,29 @@ def test_a_card_reset_costs_one_step_without_drafts() -> None:
             again = rows.propose([[c[-1]] for c in contexts], n, contexts, 4)
             assert again == first
             rows.close()
+
+
+def test_a_full_card_is_not_asked_for_a_stream_every_step() -> None:
+    """Eight requests on a 3-stream card for 20 steps: the five without a stream ask again
+    only after a stream was closed here, so the card refuses a handful of opens, not one per
+    row per step; drafts keep flowing for the three that have one."""
+    with open_card("emu://?streams=3") as card:
+        rows = RowStreams(card, engine="lookup")
+        batch = Batch()
+        for r in range(8):
+            batch.add(r)
+        drafted = 0
+        for step in range(20):
+            sampled, lengths, tokens = batch.arrays()
+            if step == 0:
+                sampled = [row["tokens"][-1:] for row in batch.rows]
+            drafts = rows.propose(sampled, lengths, tokens, K)
+            drafted += sum(bool(d) for d in drafts)
+            for row, d in zip(batch.rows, drafts, strict=False):
+                row["draft"] = d
+            batch.step(finish={0} if step == 10 else set())  # a request ends: a stream frees
+        refused = card.stats()["errors.card_full"]
+        rows.close()
+    assert drafted > 0
+    assert refused <= 3
+    assert rows.stats.no_stream >= 4 * 19

@@ -84,7 +84,8 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
     out = subprocess.run(
         [
             *(script("exstill-bench"), "e2e", "--prompts", "2", "--new-tokens", "12"),
-            *("--max-k", "3", "--users", "1,3", "--json", "--plot", str(tmp_path)),
+            *("--max-k", "3", "--users", "1,3", "--users-k", "1,2", "--users-repeats", "1"),
+            *("--json", "--plot", str(tmp_path)),
             *("--sizes", "small,384", "--size-runs", "1"),
         ],
         capture_output=True,
@@ -96,7 +97,13 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
     onnx, hf = result["onnx_target"], result["hf_target"]
     runs = [onnx["draft_adaptive"], onnx["lookup_adaptive"], *onnx["fixed_k"].values()]
     assert all(r["exact"] for r in runs) and len(onnx["fixed_k"]) == 3
-    assert all(u["exact"] for u in onnx["users"].values()) and set(onnx["users"]) == {"1", "3"}
+    users = result["users"]  # the users curve, on the large demo target
+    assert users["exact"] and [r["users"] for r in users["rows"]] == [1, 3]
+    for row in users["rows"]:
+        assert row["exact"] and set(row["fixed_k"]) == {"1", "2"} and row["best_fixed_k"] in (1, 2)
+        assert row["plain_tokens_per_s"] > 0 and row["adaptive"]["tokens_per_s"] > 0
+        assert row["speedup"] == row["adaptive"]["speedup"] > 0 and row["limit"] > 0
+        assert row["waves"] == 1 and row["streams_used"] == row["users"]
     assert all(hf[name]["exact"] for name in ("plain", "hf_assisted", "exstill"))
     # acceptance grows with K (fixed K, one draft model): more tokens per round
     lengths = [onnx["fixed_k"][k]["mean_acceptance_length"] for k in ("1", "2", "3")]

@@ -319,3 +319,43 @@ def test_greedy_round_frame_sizes(runtime: CardRuntime) -> None:
     reply = runtime.handle(c.session, request)
     assert len(request) == 22 and len(reply) == 42
     assert struct.unpack_from("<6I", reply, 14) == (1, 2, 3, 4, 5, 6)
+
+
+def test_rounds_sent_together_draft_as_rounds_sent_alone() -> None:
+    """COMMITs read together (handle_many) are answered with exactly the drafts that one at a
+    time would give, misses drafted in one batch; a frame for a stream with a draft pending
+    is served after it."""
+    from exstill_firmware.emulator.loading import build_engines
+
+    from exstill_sdk.demo import DRAFT_TARGET, demo_dir, held_out_prompts
+
+    def card() -> tuple[CardRuntime, Client, list[int]]:
+        engines = build_engines([], [str(demo_dir() / "draft.img")], 4, 256, threads=1)
+        rt = CardRuntime(4, 256, engines, background_prefetch=False)
+        c = Client(rt)
+        handles = [c.open(DRAFT_TARGET, kind=ModelKind.TARGET) for _ in range(4)]
+        for h, p in zip(handles, held_out_prompts(4, 20), strict=True):
+            c.prefill(h, p)
+            c.draft(h, 3)
+        return rt, c, handles
+
+    (together, a, ha), (alone, b, hb) = card(), card()
+    for round_ in range(4):
+        frames = []
+        for i, h in enumerate(ha):  # mostly misses: a bonus the card did not guess
+            payload = m.encode_commit_request(m.CommitRequest(i % 2, 7 + round_, 3 + i % 2))
+            frames.append(encode_frame(Opcode.COMMIT, 100 + i, h, payload))
+        frames.append(frames[0][:-1] + bytes([frames[0][-1] ^ 1]))  # a damaged frame: dropped
+        frames.append(
+            encode_frame(
+                Opcode.COMMIT, 200, ha[0], m.encode_commit_request(m.CommitRequest(0, 5, 2))
+            )
+        )  # the same stream again: after its first round
+        replies = together.handle_many(a.session, frames)
+        assert len(replies) == 5
+        for i, h in enumerate(hb):
+            want = b.commit(h, i % 2, 7 + round_, 3 + i % 2)
+            assert m.decode_draft_reply(decode_frame(replies[i]).payload) == want
+        assert m.decode_draft_reply(decode_frame(replies[4]).payload) == b.commit(hb[0], 0, 5, 2)
+    together.shutdown()
+    alone.shutdown()

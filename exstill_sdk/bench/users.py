@@ -1,0 +1,223 @@
+"""The users curve: many users on the memory-bound demo target, plain batching against the card.
+
+For each user count U, in one run and alternated (the order rotates every repeat):
+
+- plain: ``OnnxTarget.greedy_batch``, one onnxruntime run a step for all U sequences;
+- speculative with adaptive K (``BatchK``: K per sequence from the measured pass cost);
+- speculative with each fixed K of ``ks`` for every sequence.
+
+The card is the emulator in its own process on its own core (12 streams: above 12 users the
+others run with the target alone until a stream frees, the seed's second wave); the target and
+the host's loop are on the other. Figures are decode tokens/s: the tokens after each user's
+first round over the time after it (the prompt pass costs plain and speculative the same, and
+a serving engine reports it apart as time to first token); ``with_prompt_tokens_per_s`` counts
+everything. Each figure is the median over the repeats, speed-ups the median of the per-repeat
+ratios. Every output is compared with the plain batch's (``exact``).
+
+``limit`` is what the pair allows at that load: the best over K of the mean acceptance length
+measured at K times the cost of a plain pass of U tokens over a pass of U(K + 1) tokens (the
+pass costs measured here, ``pass_ms``): the speed-up of a free draft with no host or card time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args, held_out_prompts
+
+CARD_STREAMS = 12
+
+
+def _decode_rate(
+    events: Callable[[], Any], users: int, started: float
+) -> tuple[dict[str, float], list[list[int]]]:
+    """Consume (user, tokens) events; decode and overall tokens/s and the outputs."""
+    outs: list[list[int]] = [[] for _ in range(users)]
+    waiting = set(range(users))
+    first_at, first_tokens = started, 0
+    for user, tokens in events():
+        outs[user] += tokens
+        if waiting:
+            waiting.discard(user)
+            if not waiting:
+                first_at, first_tokens = time.perf_counter(), sum(map(len, outs))
+    end = time.perf_counter()
+    total = sum(map(len, outs))
+    return {
+        "decode": (total - first_tokens) / max(end - first_at, 1e-9),
+        "overall": total / (end - started),
+    }, outs
+
+
+def run(
+    *,
+    users: Sequence[int] = (1, 2, 4, 8, 12, 16),
+    ks: Sequence[int] = (1, 2, 3, 4, 6, 8),
+    prompt_tokens: int = 96,
+    new_tokens: int = 128,
+    repeats: int = 2,
+    progress: bool = False,
+) -> dict[str, Any]:
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.card import open_card
+    from exstill_sdk.demo import demo_target
+    from exstill_sdk.speculative import SpeculativeDecoder
+
+    large = demo_target("large", progress=progress)
+    prompts = held_out_prompts(max(users), prompt_tokens)
+    prompts = [prompts[i % len(prompts)] for i in range(max(users))]
+    host_cpu, card_cpu = split_cores()
+    rows: list[dict[str, Any]] = []
+    with pinned(host_cpu):
+        target = OnnxTarget(
+            large.image, max_sequences=max(users), positions=POSITIONS, threads=THREADS
+        )
+        with emulator_process(*emulator_args(), cpu=card_cpu) as url, open_card(url) as card:
+            for n in sorted(set(users)):  # warm-up: onnxruntime's first runs of a shape are slow
+                target.greedy_batch(prompts[:n], 2)
+            SpeculativeDecoder(card, target, draft=DRAFT_TARGET).generate_batch(
+                prompts[:2], 8, stop_token_ids=[]
+            )
+            for n in users:
+                if progress:
+                    print(f"users {n} ...", file=sys.stderr, flush=True)
+                rows.append(_row(card, target, prompts[:n], ks, new_tokens, repeats))
+    return {
+        "target": large.description,
+        "parameters": large.parameters,
+        "card_streams": CARD_STREAMS,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "rows": rows,
+        "exact": all(r["exact"] for r in rows),
+    }
+
+
+def _row(
+    card: Any,
+    target: Any,
+    batch: list[list[int]],
+    ks: Sequence[int],
+    new_tokens: int,
+    repeats: int,
+) -> dict[str, Any]:
+    from exstill_sdk.speculative import SpeculativeDecoder
+
+    n = len(batch)
+    ways: list[str] = ["plain", "adaptive", *(str(k) for k in ks)]
+    rates: dict[str, list[dict[str, float]]] = {w: [] for w in ways}
+    details: dict[str, Any] = {}
+    reference: list[list[int]] | None = None
+    exact = True
+    for rep in range(repeats):
+        order = ways[rep % len(ways) :] + ways[: rep % len(ways)]
+        for way in order:
+            if way == "plain":
+                started = time.perf_counter()
+                times: list[float] = []
+                outs = target.greedy_batch(batch, new_tokens, step_times=times)
+                end = time.perf_counter()
+                rate = {
+                    "decode": n * (new_tokens - 1) / max(sum(times[1:]), 1e-9),
+                    "overall": n * new_tokens / (end - started),
+                }
+                reference = reference or outs
+            else:
+                k: Any = "adaptive" if way == "adaptive" else int(way)
+                decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=k, max_k=max(ks))
+                started = time.perf_counter()
+                rate, outs = _decode_rate(
+                    lambda d=decoder: d.stream_batch(batch, new_tokens, stop_token_ids=[]),
+                    n,
+                    started,
+                )
+                m = decoder.metrics
+                details[way] = {
+                    "mean_acceptance_length": round(m.mean_acceptance_length, 3),
+                    "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
+                    "prefetch_hits": m.prefetch_hits,
+                    "rounds": m.rounds,
+                }
+            rates[way].append(rate)
+            if reference is not None and outs != reference:
+                exact = False
+    plain = rates["plain"]
+    out: dict[str, Any] = {
+        "users": n,
+        "streams_used": min(n, CARD_STREAMS),
+        "waves": math.ceil(n / CARD_STREAMS),
+        "plain_tokens_per_s": _median(plain, "decode"),
+        "plain_with_prompt_tokens_per_s": _median(plain, "overall"),
+    }
+    for way in ways[1:]:
+        ratios = [r["decode"] / p["decode"] for r, p in zip(rates[way], plain, strict=True)]
+        entry = {
+            "tokens_per_s": _median(rates[way], "decode"),
+            "with_prompt_tokens_per_s": _median(rates[way], "overall"),
+            "speedup": round(statistics.median(ratios), 3),
+            "speedup_range": [round(min(ratios), 3), round(max(ratios), 3)],
+            **details[way],
+        }
+        if way == "adaptive":
+            out["adaptive"] = entry
+        else:
+            out.setdefault("fixed_k", {})[way] = entry
+    fixed = out["fixed_k"]
+    best = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
+    out["best_fixed_k"] = int(best)
+    out["adaptive_vs_best_fixed"] = round(
+        out["adaptive"]["tokens_per_s"] / fixed[best]["tokens_per_s"], 3
+    )
+    out["speedup"] = out["adaptive"]["speedup"]
+    out["pass_ms"] = _pass_costs(target, batch, [0, *ks])
+    out["limit"] = _limit(out["pass_ms"], fixed, n)
+    out["exact"] = exact
+    return out
+
+
+def _median(rates: list[dict[str, float]], key: str) -> float:
+    return round(statistics.median(r[key] for r in rates), 1)
+
+
+def _pass_costs(target: Any, batch: list[list[int]], ks: Sequence[int]) -> dict[str, float]:
+    """Milliseconds of one verification pass of every user with K drafted tokens each (the
+    median of three, taken in turns over K), keyed by the tokens in the pass."""
+    n = len(batch)
+    ids = [-100 - i for i in range(n)]
+
+    def forget_last() -> None:  # as after a round: the last token (the bonus) is new
+        for i, p in zip(ids, batch, strict=True):
+            target.rollback(i, len(p) - 1)
+
+    target.verify_batch([(i, p, ()) for i, p in zip(ids, batch, strict=True)])  # the prompts
+    forget_last()
+    samples: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(3):
+        for k in ks:
+            items = [(i, p, p[-k:] if k else ()) for i, p in zip(ids, batch, strict=True)]
+            t0 = time.perf_counter()
+            target.verify_batch(items)
+            samples[k].append(time.perf_counter() - t0)
+            forget_last()
+    for i in ids:
+        target.release(i)
+    return {str(n * (k + 1)): round(statistics.median(v) * 1e3, 2) for k, v in samples.items()}
+
+
+def _limit(pass_ms: dict[str, float], fixed: dict[str, Any], n: int) -> float:
+    """The best over K of mean acceptance length x plain pass / pass with K drafted each."""
+    plain = pass_ms[str(n)]
+    return round(
+        max(
+            fixed[k]["mean_acceptance_length"] * plain / pass_ms[str(n * (int(k) + 1))]
+            for k in fixed
+        ),
+        2,
+    )

@@ -11,19 +11,24 @@ The choice, from measurements:
 
     gain(i, j)  = prod_{l=1..j} a(i, l)          (drafted token j of sequence i is emitted)
     rate(m)     = (B + top m gains) / (pass(B + m) + other(m))
-    m*          = argmax over m of rate(m); sequence i drafts as many tokens as it has in the top m
+    m*          = the least m with rate(m) within 3% of the best; sequence i drafts as many
+                  tokens as it has in the top m*
 
 a(i, l) is sequence i's measured acceptance at position l given all before it were accepted
-(its own counts, with the batch's pooled rate worth four rounds as a prior, and the pooled rate
-with a prior of 0.8 worth two rounds, so positions not tried look worth trying); a sequence's
-gains fall with j, so the top m is always a prefix per sequence.
+(its own counts, halved every 32 passes, with the batch's pooled rate worth four rounds as a
+prior; the pooled rate with a prior of 0.8 worth two rounds, so positions not tried look worth
+trying); a sequence's gains fall with j, so the top m is always a prefix per sequence. Near the
+best, the estimated rate is flat over a wide range of m, and what the estimates miss (the
+card's drafting ahead, acceptance that drifts) costs long drafts more than short ones: hence
+the least drafting among plans within 3% of the best.
 
 ``pass(T)`` is the measured cost of a pass of T tokens (``PassCost``: the averages per T,
-made non-decreasing and joined by lines); ``other(m)`` the rest of a round (acceptance, the
+made non-decreasing and joined by lines; until two sizes are measured, proportional to T,
+which starts drafting short); ``other(m)`` the rest of a round (acceptance, the
 card's replies, the host): a least-squares line by the tokens the card drafts in it (a draft
 ahead that missed is drafted again while the host waits), from rounds that only committed.
 
-Exploration: every 8th pass m* + step, three passes later m* - step (step = the largest
+Exploration: every 16th pass m* + step, eight passes later m* - step (step = the largest
 of 1, B / 2 and m* / 2), and every 32nd pass K = 0 for all, starting with the second pass
 measured, so that the curve spans the plain pass and the sizes around m* early. The plan is
 redone every pass: it is a sort of at most B * max_k numbers.
@@ -40,8 +45,14 @@ POOLED_WEIGHT = 4.0
 WINDOW = 16
 """Pass and round averages weigh about the last 16 of each."""
 HALF_LIFE = 256
-"""Every this many passes the acceptance counts are halved: the policy follows the text."""
-EXPLORE_EVERY = 8
+"""Every this many passes the pooled acceptance counts are halved: the policy follows the
+text."""
+SEQUENCE_HALF_LIFE = 32
+"""A sequence's own counts are halved every this many passes: its text changes within a
+request, and its K should follow."""
+TIE = 0.03
+"""Plans whose estimated rates are within this fraction of the best count as tied."""
+EXPLORE_EVERY = 16
 PLAIN_EVERY = 32
 
 
@@ -91,8 +102,9 @@ class PassCost(LineCost):
         self._slope = 0.0
 
     def __call__(self, tokens: int) -> float:
-        if not self._mean:
-            return 1.0  # nothing known: every choice costs the same
+        if len(self._mean) < 2:  # until two sizes are known: as if every token cost the same
+            t, y = next(iter(self._mean.items()), (1, 1.0))
+            return y * tokens / t
         if self._line is None:
             self._line = _line(self._points())
             self._slope = self._line[1]
@@ -171,9 +183,10 @@ class BatchK:
         if drafted is not None:
             self.other.observe(drafted, other)
         self.passes += 1
-        if self.passes % HALF_LIFE == 0:
+        if self.passes % SEQUENCE_HALF_LIFE == 0:
             for counts in (*self._reached.values(), *self._accepted.values()):
                 counts[:] = [c / 2 for c in counts]
+        if self.passes % HALF_LIFE == 0:
             self.pooled_reached = [c / 2 for c in self.pooled_reached]
             self.pooled_accepted = [c / 2 for c in self.pooled_accepted]
 
@@ -215,13 +228,16 @@ class BatchK:
         b = len(seqs)
         other = self.other
         gains = self._gains(seqs, limits)
-        best_m, best_rate, total = 0, b / (self.cost(b) + other(0)), float(b)
+        rates = [b / (self.cost(b) + other(0))]
+        total = float(b)
         for m, (gain, _) in enumerate(gains, 1):
             total += gain
-            rate = total / (self.cost(b + m) + other(m))
-            if rate > best_rate:
-                best_m, best_rate = m, rate
-        return self._take(gains, best_m, b), best_rate
+            rates.append(total / (self.cost(b + m) + other(m)))
+        best_rate = max(rates)
+        # the least drafting within TIE of the best: what the estimates miss (the card's
+        # drafting ahead, acceptance that drifts) costs long drafts more than short ones
+        m = next(m for m, rate in enumerate(rates) if rate >= best_rate * (1 - TIE))
+        return self._take(gains, m, b), rates[m]
 
     @staticmethod
     def _take(gains: list[tuple[float, int]], m: int, b: int) -> list[int]:
@@ -236,10 +252,10 @@ class BatchK:
         phase = self.passes % PLAIN_EVERY
         if phase == 1:
             ks = [0] * len(ks)
-        elif phase % EXPLORE_EVERY in (EXPLORE_EVERY // 2, EXPLORE_EVERY - 1):
+        elif phase % EXPLORE_EVERY in (3, 3 + EXPLORE_EVERY // 2):
             m = sum(ks)
             step = max(1, len(seqs) // 2, m // 2)
-            m += step if phase % EXPLORE_EVERY == EXPLORE_EVERY // 2 else -step
+            m += step if phase % EXPLORE_EVERY == 3 else -step
             ks = self._explore(seqs, limits, max(0, m))
         self.last_plan = ks
         return ks

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
@@ -142,7 +143,7 @@ def _row(
                 decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=k, max_k=max(ks))
                 started = time.perf_counter()
                 rate, outs = _decode_rate(
-                    lambda d=decoder: d.stream_batch(batch, new_tokens, stop_token_ids=[]),
+                    partial(decoder.stream_batch, batch, new_tokens, stop_token_ids=[]),
                     n,
                     new_tokens,
                     started,

@@ -326,7 +326,9 @@ class SpeculativeDecoder:
             tokens, seconds, drafted, end = self._last_pass
             planner.observe_pass(tokens, seconds, drafted, t0 - end)
         steady = all(s.metrics.rounds for s in active)  # no prompt in this pass
-        tokens = sum(len(s.draft.tokens) + 1 for s in active)  # type: ignore[union-attr]
+        pass_tokens = 0
+        for s in active:
+            pass_tokens += len(s.draft.tokens) + 1  # type: ignore[union-attr]
         each = verify_s / len(active)
         going: list[tuple[_Sequence, int, int]] = []
         for s, logits in zip(active, all_logits, strict=True):
@@ -381,7 +383,7 @@ class SpeculativeDecoder:
             s.metrics.card_wait_s += (end - waited) / len(seqs)
             s.previous_start = s.round_start = end
         drafted = sum(ks) if only_commits else None
-        self._last_pass = (tokens, verify_s, drafted, t0 + verify_s) if steady else None
+        self._last_pass = (pass_tokens, verify_s, drafted, t0 + verify_s) if steady else None
         return lost
 
     def _limit(self, s: _Sequence) -> int:
@@ -527,6 +529,7 @@ class SpeculativeDecoder:
         s.last_card_wait = now - t0
         s.asked_k = 0 if caught_up else k
         s.metrics.card_wait_s += s.last_card_wait
+        assert s.draft is not None  # not deferred: a draft, possibly empty
         s.metrics.prefetch_hits += s.draft.prefetch_hit
         s.previous_start, s.round_start = s.round_start, now
 

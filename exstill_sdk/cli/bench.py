@@ -107,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     ho.add_argument("--k", type=int, default=4, help="draft length (default 4)")
     ho.add_argument("--repeats", type=int, default=5, help="alternated repeats (default 5)")
     ho.add_argument("--json", action="store_true", help="print one JSON object")
+    pr = sub.add_parser(
+        "profile",
+        help="measure planner profiles on this machine: a demo target's passes, the emulated "
+        "card's drafting and link, the host's loop, and acceptance runs (exstill plan reads them)",
+    )
+    pr.add_argument("--target", choices=("small", "large"), default="large", help="demo target")
+    pr.add_argument("--users", default="1,4,8,16", help="user counts (default 1,4,8,16)")
+    pr.add_argument(
+        "--out", metavar="DIR", help="also write target.json, card.json and run-U-users.json"
+    )
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
     fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
     fl.add_argument("--url", required=True, help="a card with an image store")
     fl.add_argument("--size-mb", type=int, default=256, help="image size (default 256 MB)")
@@ -187,6 +198,15 @@ def _main(args: argparse.Namespace) -> int:
         from exstill_sdk.bench import host
 
         result = host.run(_numbers("--contexts", args.contexts), args.rounds, args.k, args.repeats)
+    elif args.bench == "profile":
+        from exstill_sdk.bench import profile
+
+        result = profile.run(
+            args.target,
+            _numbers("--users", args.users),
+            out=args.out,
+            progress=not args.json and sys.stderr.isatty(),
+        )
     elif args.bench == "flash":
         from exstill_sdk.bench import flash
 

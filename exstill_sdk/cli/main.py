@@ -1,4 +1,5 @@
-"""exstill: the SDK's front door. ``exstill demo`` shows the product doing its job."""
+"""exstill: the SDK's front door. ``exstill demo`` shows the product doing its job; ``exstill
+plan`` projects what it will do for a target, a card and users."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import sys
 from typing import Literal
 
+from exstill_sdk.cli.plan import add_parser as add_plan_parser
+from exstill_sdk.cli.plan import run_plan
 from exstill_sdk.cli.support import EXIT_FAILED, EXIT_OK, Parser, run
 
 MAX_K = 8
@@ -69,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed runs of each way, alternating (default 3 for large, 21 for small)",
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    add_plan_parser(sub)
     return p
 
 
@@ -149,7 +153,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run(f"exstill {args.command}", args.json, lambda: _demo(args))
+    body = _demo if args.command == "demo" else run_plan
+    return run(f"exstill {args.command}", args.json, lambda: body(args))
 
 
 if __name__ == "__main__":

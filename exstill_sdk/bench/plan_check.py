@@ -1,0 +1,122 @@
+"""``exstill plan --check``: the planner's predictions against this machine's real runs.
+
+For each demo target (the small one, bound by arithmetic, and the large one, bound by reading
+its weights), with the emulated card in its own process on its own core and the target and the
+host on the other:
+
+1. measure the profiles (bench.profile): the target's passes, the card's drafting and link;
+2. a pilot run at every user count (K = 8, so that every position is drafted) gives the
+   acceptance of those users' prompts, as a run's JSON; two pilot lengths give the host's own
+   time a pass (their difference: the prompt and the streams' opening cancel out);
+3. the planner picks K for every user count from those profiles and predicts tokens/s;
+4. a speculative run at that K measures it: tokens/s while every user decodes, as
+   ``exstill-bench e2e --users`` counts them, the median of ``repeats`` runs alternated with
+   plain batched decoding. Requests are 256 tokens, so that the last round of a request, cut
+   short by its length, weighs little against the steady state the planner models.
+
+Every row prints predicted against measured; the check passes when the largest relative error
+of the speculative tokens/s is within ``TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from exstill_sdk.bench.profile import (
+    PILOT_K,
+    demo_card,
+    demo_onnx_target,
+    measure,
+    write_profiles,
+)
+from exstill_sdk.bench.users import _decode_rate
+from exstill_sdk.demo import DRAFT_TARGET
+
+TOLERANCE = 0.10
+
+
+def run(
+    *,
+    targets: Sequence[str] = ("small", "large"),
+    users: Sequence[int] = (1, 4, 8, 16),
+    new_tokens: int = 256,
+    repeats: int = 2,
+    progress: bool = False,
+) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    profiles: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp, demo_card(max(users)) as (card, prompts):
+        for name in targets:
+            target = demo_onnx_target(name, users, prompts)
+            measured = measure(card, target, name, prompts, users, new_tokens, progress)
+            profiles[name] = measured
+            folder = Path(tmp) / name
+            write_profiles(folder, measured)
+            for u in users:
+                if progress:
+                    print(f"{name}: {u} users ...", file=sys.stderr, flush=True)
+                rows.append(_row(name, card, target, prompts[:u], new_tokens, repeats, folder, u))
+    worst = max(abs(r["error"]) for r in rows)
+    return {
+        "rows": rows,
+        "max_abs_error": round(worst, 3),
+        "tolerance": TOLERANCE,
+        "ok": worst <= TOLERANCE,
+        "profiles": profiles,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+    }
+
+
+def _row(
+    name: str,
+    card: Any,
+    target: Any,
+    batch: list[list[int]],
+    new_tokens: int,
+    repeats: int,
+    folder: Path,
+    users: int,
+) -> dict[str, Any]:
+    from exstill_sdk.plan import load_acceptance, load_card, load_target, plan
+    from exstill_sdk.speculative import SpeculativeDecoder
+
+    target_p = load_target(folder / "target.json")
+    card_p = load_card(folder / "card.json")
+    acceptance = load_acceptance(folder / f"run-{users}-users.json")
+    predicted, _ = plan(target_p, card_p, acceptance, users)
+    decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=predicted.k, max_k=PILOT_K)
+    spec, plain = [], []
+    for rep in range(repeats):
+        for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
+            if way == "plain":
+                times: list[float] = []
+                target.greedy_batch(batch, new_tokens, step_times=times)
+                plain.append(users * (new_tokens - 1) / sum(times[1:]))
+            else:
+                started = time.perf_counter()
+                events = partial(decoder.stream_batch, batch, new_tokens, stop_token_ids=[])
+                rate, _ = _decode_rate(events, users, new_tokens, started)
+                spec.append(rate["decode"])
+    measured = statistics.median(spec)
+    return {
+        "target": name,
+        "users": users,
+        "k": predicted.k,
+        "predicted_tokens_per_s": round(predicted.tokens_per_s, 1),
+        "measured_tokens_per_s": round(measured, 1),
+        "error": round(predicted.tokens_per_s / measured - 1, 3),
+        "predicted_plain_tokens_per_s": round(predicted.plain_tokens_per_s, 1),
+        "measured_plain_tokens_per_s": round(statistics.median(plain), 1),
+        "predicted_speedup": round(predicted.speedup, 3),
+        "measured_speedup": round(measured / statistics.median(plain), 3),
+        "predicted_mean_acceptance_length": round(predicted.mean_acceptance_length, 3),
+        "measured_mean_acceptance_length": round(decoder.metrics.mean_acceptance_length, 3),
+    }

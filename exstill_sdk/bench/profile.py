@@ -1,0 +1,239 @@
+"""Measured planner profiles of this machine: the demo targets' verification passes, the
+emulated card's drafting and link, and the host's loop (``exstill-bench profile``).
+
+- target: a pass of U sequences with K drafted tokens each, for every U and K asked, the median
+  of a few runs taken in turns, keyed by the tokens in it (``[target.pass]``);
+- card: the link's round trip (PING), a round that missed the draft made ahead (a fixed cost,
+  then K + 1 steps of the draft) on one stream for K = 1..8, and on every stream at
+  once (one batched run of the draft for all of them); from those the cost of a drafted
+  token, the card's fixed cost of drafting anew and what each further stream adds;
+- host: the host's time a pass (a run's wall time less verification and waiting for the card),
+  from speculative runs at each user count, as a line in the users (``[host]``).
+
+The card's drafting ahead runs while the host waits for the next COMMIT; a measured miss
+therefore follows a pause as long as a pass would be, so that the next miss does not wait for it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.bench.users import _pass_costs
+from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args, held_out_prompts
+
+PAUSE_S = 0.02
+"""Between measured card rounds: the card finishes drafting ahead meanwhile."""
+CARD_ROUNDS = 15
+MISS_K = 4
+"""K of the rounds that time every stream missing at once."""
+PILOT_K = 8
+"""K of the runs that measure acceptance (every position drafted) and the host's time."""
+SHORT_TOKENS = 32
+
+
+@contextmanager
+def demo_card(users: int, prompt_tokens: int = 96) -> Iterator[tuple[Any, list[list[int]]]]:
+    """The emulated demo card in its own process on one core, this process pinned to the
+    other; and ``users`` held-out prompts (repeated when there are fewer)."""
+    from exstill_sdk.card import open_card
+
+    prompts = held_out_prompts(users, prompt_tokens)
+    prompts = [prompts[i % len(prompts)] for i in range(users)]
+    host_cpu, card_cpu = split_cores()
+    with (
+        pinned(host_cpu),
+        emulator_process(*emulator_args(), cpu=card_cpu) as url,
+        open_card(url) as card,
+    ):
+        yield card, prompts
+
+
+def demo_onnx_target(name: str, users: Sequence[int], prompts: list[list[int]]) -> Any:
+    """A demo target (``small`` or ``large``) as an OnnxTarget, warmed at every batch size."""
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.demo import demo_target
+
+    demo = demo_target(name, progress=sys.stderr.isatty())
+    target = OnnxTarget(demo.image, max_sequences=max(users), positions=POSITIONS, threads=THREADS)
+    for u in users:  # onnxruntime's first runs of a shape are slow
+        target.greedy_batch(prompts[:u], 2)
+    return target
+
+
+def run(
+    name: str, users: Sequence[int], *, out: str | None = None, progress: bool = False
+) -> dict[str, Any]:
+    """``exstill-bench profile``: every profile of the demo pair with the ``name`` target;
+    with ``out``, also as the files ``exstill plan`` reads."""
+    with demo_card(max(users)) as (card, prompts):
+        target = demo_onnx_target(name, users, prompts)
+        result = measure(card, target, name, prompts, users, progress=progress)
+    if out is not None:
+        result["files"] = [str(p) for p in write_profiles(Path(out), result)]
+    return result
+
+
+def write_profiles(folder: Path, measured: dict[str, Any]) -> list[Path]:
+    """``target.json``, ``card.json`` and ``run-U-users.json`` (a run's metrics, which
+    ``exstill plan --acceptance`` reads) into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = {"target": measured["target"], "card": measured["card"]}
+    docs.update({f"run-{u}-users": doc for u, doc in measured["runs"].items()})
+    paths = []
+    for stem, doc in docs.items():
+        paths.append(folder / f"{stem}.json")
+        paths[-1].write_text(json.dumps(doc, indent=1))
+    return paths
+
+
+def measure(
+    card: Any,
+    target: Any,
+    name: str,
+    prompts: list[list[int]],
+    users: Sequence[int],
+    new_tokens: int = 128,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Every profile of the pair: ``target`` and ``card`` (with ``host``) as the planner reads
+    them, and ``runs``: per user count, the pilot run's metrics (its acceptance)."""
+    if progress:
+        print(f"profiling the {name} target and the card ...", file=sys.stderr, flush=True)
+    target_doc = target_profile(target, name, prompts, users, range(PILOT_K + 1))
+    card_doc = card_profile(card, prompts[0])
+    pilots = {u: pilot(card, target, prompts[:u], new_tokens) for u in users}
+    card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
+    return {
+        "target": target_doc,
+        "card": card_doc,
+        "runs": {str(u): {"metrics": p["metrics"]} for u, p in pilots.items()},
+    }
+
+
+def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    """A K = 8 run's metrics (its acceptance, as a run's JSON has them) and the host's own time
+    a pass: a long run's less a short one's, over their difference in passes, so that the
+    prompt and the opening of the streams cancel out."""
+    from exstill_sdk.speculative import SpeculativeDecoder
+
+    costs = []
+    metrics: dict[str, Any] = {}
+    for n in (SHORT_TOKENS, new_tokens):
+        decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K)
+        results = decoder.generate_batch(batch, n, stop_token_ids=[])
+        passes = max(r.metrics.rounds for r in results)
+        costs.append((passes, decoder.metrics.host_s))
+        metrics = decoder.metrics.to_dict()
+    (p0, h0), (p1, h1) = costs
+    return {"metrics": metrics, "host_us": max(0.0, (h1 - h0) / max(1, p1 - p0)) * 1e6}
+
+
+def target_profile(
+    target: Any, name: str, prompts: list[list[int]], users: Sequence[int], ks: Sequence[int]
+) -> dict[str, Any]:
+    """``[target.pass]`` from passes of every U in ``users`` with every K in ``ks``, one
+    curve per U."""
+    rows: dict[str, list[float]] = {"batch": [], "tokens": [], "ms": []}
+    for u in users:
+        for tokens, ms in _pass_costs(target, prompts[:u], ks).items():
+            rows["batch"].append(u)
+            rows["tokens"].append(int(tokens))
+            rows["ms"].append(ms)
+    return {
+        "target": {
+            "name": name,
+            "source": f"exstill-bench profile on this machine: passes of {list(users)} users "
+            f"with K = {list(ks)} each, the median of six in three turns",
+            "pass": rows,
+        }
+    }
+
+
+def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, Any]:
+    """``[card]``: link, drafting and the card's fixed cost, measured through ``card``."""
+    rtt = statistics.median(card.ping() for _ in range(50)) * 1e6
+    one = card.open_stream(target=DRAFT_TARGET)
+    try:
+        one.prefill(prompt)
+        one.draft(1)
+        xs, ys = [], []
+        for _ in range(CARD_ROUNDS):
+            for k in range(1, 9):
+                xs.append(k + 1)  # steps: the bonus taken in, then one per drafted token
+                ys.append(_miss_us(card, [one], k) - rtt)
+        per_token, fixed = _line(xs, ys)
+    finally:
+        one.close()
+    many = [card.open_stream(target=DRAFT_TARGET) for _ in range(streams)]
+    try:
+        for s in many:
+            s.prefill(prompt)
+            s.draft(1)
+        together = statistics.median(_miss_us(card, many, MISS_K) for _ in range(CARD_ROUNDS))
+    finally:
+        for s in many:
+            s.close()
+    per_stream = (together - rtt - fixed) / (MISS_K + 1) - per_token
+    return {
+        "card": {
+            "name": "emulated",
+            "source": "exstill-bench profile: exstill-emu in its own process on its own core, "
+            "over TCP",
+            "streams": streams,
+            "draft_us_per_token": round(per_token, 2),
+            "stream_us_per_token": round(max(0.0, per_stream / (streams - 1)), 2),
+            "miss_us": round(max(0.0, fixed), 1),
+            "link_rtt_us": round(rtt, 1),
+            "prefetch": "full-acceptance",
+            "overflow": "target-alone",
+        }
+    }
+
+
+def _miss_us(card: Any, streams: list[Any], k: int) -> float:
+    """Microseconds of a round in which every stream's draft ahead missed: nothing accepted,
+    a bonus other than the guess. Pauses first, as a pass would."""
+    time.sleep(PAUSE_S)
+    start = time.perf_counter()
+    with card.sent_together():
+        rids = [(s, s.send_commit(0, _other(s.last_draft), k)) for s in streams]
+    for s, rid in rids:
+        s.receive_commit(rid, 0)
+    return (time.perf_counter() - start) * 1e6
+
+
+def _other(draft: Sequence[int]) -> int:
+    """A bonus that is not the draft's first token, so that nothing of the draft made ahead
+    is of use."""
+    return draft[0] - 1 if draft and draft[0] > 0 else 1
+
+
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Slope and intercept of the least-squares line."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return slope, my - slope * mx
+
+
+def host_line(points: list[tuple[int, float]]) -> dict[str, float]:
+    """``[host]`` from (users, host microseconds a pass) of measured runs."""
+    if len({u for u, _ in points}) < 2:
+        (_, us), *_ = points
+        return {"us_per_round": round(us, 1), "us_per_sequence": 0.0}
+    per_sequence, per_round = _line([float(u) for u, _ in points], [us for _, us in points])
+    if per_round < 0:  # a line through the origin: every microsecond is per sequence
+        per_sequence, per_round = sum(y for _, y in points) / sum(u for u, _ in points), 0.0
+    return {
+        "us_per_round": round(per_round, 1),
+        "us_per_sequence": round(max(0.0, per_sequence), 2),
+    }

@@ -1,0 +1,442 @@
+"""Target and card profiles: what a verification pass costs, what the card's drafting costs.
+
+Profiles are TOML or JSON files (docs/planning.md has the schema, and the shipped ones in
+``exstill_sdk/data/profiles`` are worked examples with the source of every number). Loading
+checks every field and refuses a bad one with a ``ProfileError`` naming it.
+
+A target's costs come in one of two forms:
+
+- measured: ``[target.pass]`` is a pass by the tokens in it (every sequence's K + 1), as on a
+  CPU target whose pass costs what its tokens cost; a plain step of B sequences is a pass of B
+  tokens, unless ``[target.step]`` gives it apart;
+- modelled (the seed's): a plain step by batch size, from ``[target.step]`` (a measured table)
+  or ``[target.memory]`` (bytes read over bandwidth against arithmetic over compute); and a pass
+  verifying T tokens for B sequences costs the plain step of B, plus the T - B extra tokens at
+  the prefill rate, plus reading the experts the extra tokens wake: T tokens routed to k of E
+  experts read about E(1 - (1 - k/E)^T) of them (``[target.verify]``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from bisect import bisect_left
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from exstill_sdk.errors import InvalidArgumentError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "profiles"
+
+
+class ProfileError(InvalidArgumentError):
+    """A profile that cannot be used: the message names the file and the field."""
+
+
+# ---------------------------------------------------------------------------- reading fields
+
+
+def read_document(path: str | Path) -> dict[str, Any]:
+    """A profile file (``.toml`` or ``.json``) as a dict; a shipped profile by its name."""
+    p = resolve(path)
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ProfileError(f"{p.name}: not valid {p.suffix.lstrip('.').upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{p.name}: a profile is a table of fields, not {type(data).__name__}")
+    return data
+
+
+def resolve(path: str | Path) -> Path:
+    """``path`` itself if it exists, else a shipped profile of that name (``gpt-oss-120b``,
+    ``targets/gpt-oss-120b.toml``)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    for candidate in (SHIPPED / p, *SHIPPED.glob(f"*/{p.name}"), *SHIPPED.glob(f"*/{p}.toml")):
+        if candidate.is_file():
+            return candidate
+    names = ", ".join(sorted(q.stem for q in SHIPPED.glob("*/*.toml")))
+    raise FileNotFoundError(2, f"no such profile (shipped ones: {names})", str(path))
+
+
+class Fields:
+    """Typed access to one table of a profile, each mistake reported with its dotted name."""
+
+    def __init__(self, source: str, table: Any, prefix: str) -> None:
+        if not isinstance(table, dict):
+            raise ProfileError(f"{source}: {prefix} must be a table of fields")
+        self.source, self.table, self.prefix = source, table, prefix
+
+    def has(self, key: str) -> bool:
+        return key in self.table
+
+    def name(self, key: str) -> str:
+        """The dotted name of a field of this table."""
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def _fail(self, key: str, what: str) -> ProfileError:
+        return ProfileError(f"{self.source}: {self.name(key)} {what}")
+
+    def sub(self, key: str) -> Fields:
+        if key not in self.table:
+            raise self._fail(key, "is missing")
+        return Fields(self.source, self.table[key], self.name(key))
+
+    def text(self, key: str, default: str | None = None, choices: tuple[str, ...] = ()) -> str:
+        value = self.table.get(key, default)
+        if value is None:
+            raise self._fail(key, "is missing")
+        if not isinstance(value, str):
+            raise self._fail(key, f"must be text, not {value!r}")
+        if choices and value not in choices:
+            raise self._fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
+    def number(
+        self,
+        key: str,
+        default: float | None = None,
+        *,
+        minimum: float = 0.0,
+        positive: bool = False,
+        maximum: float = math.inf,
+    ) -> float:
+        value = self.table.get(key, default)
+        if value is None:
+            raise self._fail(key, "is missing")
+        return self._check(key, value, minimum, positive, maximum)
+
+    def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
+        value = self.table.get(key, default)
+        if value is None:
+            raise self._fail(key, "is missing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self._fail(key, f"must be a whole number {minimum} or more, not {value!r}")
+        return value
+
+    def numbers(
+        self, key: str, *, positive: bool = False, maximum: float = math.inf
+    ) -> list[float]:
+        value = self.table.get(key)
+        if value is None:
+            raise self._fail(key, "is missing")
+        if not isinstance(value, list) or not value:
+            raise self._fail(key, f"must be a list of numbers, not {value!r}")
+        return [self._check(f"{key}[{i}]", v, 0.0, positive, maximum) for i, v in enumerate(value)]
+
+    def _check(self, key: str, value: Any, minimum: float, positive: bool, maximum: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise self._fail(key, f"must be a number, not {value!r}")
+        if value < minimum or (positive and value <= 0):
+            raise self._fail(key, f"must be {'above' if positive else 'at least'} 0, not {value}")
+        if value > maximum:
+            raise self._fail(key, f"must be at most {maximum:g}, not {value}")
+        return float(value)
+
+
+# ---------------------------------------------------------------------------- curves
+
+
+@dataclass(frozen=True)
+class Curve:
+    """y by x from a measured table: straight lines between points, the last segment's slope
+    beyond them, the first point's value below them."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    @classmethod
+    def read(cls, table: Fields, x: str, y: str) -> Curve:
+        xs, ys = table.numbers(x, positive=True), table.numbers(y, positive=True)
+        if len(xs) != len(ys):
+            raise ProfileError(
+                f"{table.source}: {table.prefix}.{y} has {len(ys)} values for {len(xs)} in "
+                f"{table.prefix}.{x}"
+            )
+        if any(b <= a for a, b in pairwise(xs)):
+            raise ProfileError(f"{table.source}: {table.prefix}.{x} must be strictly increasing")
+        return cls(tuple(xs), tuple(ys))
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1 or x <= xs[0]:
+            return ys[0]
+        i = min(bisect_left(xs, x), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class PassTable:
+    """Measured passes by the tokens in them, one curve per batch size where the table gives
+    ``batch`` (the sequences in the pass change its cost on a target with a per-sequence part,
+    such as attention): a batch between two measured ones is interpolated between their
+    curves, one beyond them takes the nearest. Without ``batch``, one curve for every batch."""
+
+    curves: tuple[tuple[int, Curve], ...]
+    """(batch, curve), batch ascending; batch 0: any."""
+
+    @classmethod
+    def read(cls, table: Fields) -> PassTable:
+        if not table.has("batch"):
+            return cls(((0, Curve.read(table, "tokens", "ms")),))
+        batches = table.numbers("batch", positive=True)
+        tokens, ms = table.numbers("tokens", positive=True), table.numbers("ms", positive=True)
+        if not len(batches) == len(tokens) == len(ms):
+            raise ProfileError(
+                f"{table.source}: {table.name('batch')}, {table.name('tokens')} and "
+                f"{table.name('ms')} must have one value per measured pass"
+            )
+        rows: dict[int, list[tuple[float, float]]] = {}
+        for i, (b, t, y) in enumerate(zip(batches, tokens, ms, strict=True)):
+            if b != int(b) or t < b:
+                raise ProfileError(
+                    f"{table.source}: {table.name(f'batch[{i}]')} must be a whole number of "
+                    f"sequences, at most the pass's tokens ({t:g}), not {b:g}"
+                )
+            rows.setdefault(int(b), []).append((t, y))
+        curves = []
+        for b in sorted(rows):
+            points = sorted(rows[b])
+            if any(t1 <= t0 for (t0, _), (t1, _) in pairwise(points)):
+                raise ProfileError(
+                    f"{table.source}: {table.name('tokens')} repeats a size for batch {b}"
+                )
+            curves.append((b, Curve(tuple(t for t, _ in points), tuple(y for _, y in points))))
+        return cls(tuple(curves))
+
+    def __call__(self, batch: int, tokens: float) -> float:
+        curves = self.curves
+        if len(curves) == 1:
+            return curves[0][1](tokens)
+        sizes = [b for b, _ in curves]
+        i = bisect_left(sizes, batch)
+        if i < len(sizes) and sizes[i] == batch:
+            return curves[i][1](tokens)
+        if i == 0 or i == len(sizes):
+            return curves[min(i, len(sizes) - 1)][1](tokens)
+        (b0, c0), (b1, c1) = curves[i - 1], curves[i]
+        w = (batch - b0) / (b1 - b0)
+        return (1 - w) * c0(tokens) + w * c1(tokens)
+
+
+def experts_read(tokens: float, experts: int, active: int) -> float:
+    """Experts of a layer that ``tokens`` tokens, each routed to ``active`` of ``experts``
+    independently, read between them: E(1 - (1 - k/E)^T)."""
+    return experts * (1.0 - (1.0 - active / experts) ** tokens)
+
+
+# ---------------------------------------------------------------------------- target
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """A step bound by whichever is slower: reading the weights it needs, or its arithmetic."""
+
+    weight_bytes: float
+    expert_bytes: float
+    experts: int
+    active_experts: int
+    bandwidth_gb_s: float
+    flops_per_token: float
+    compute_tflops: float
+    overhead_ms: float
+
+    def step_ms(self, batch: float) -> float:
+        read = self.weight_bytes
+        if self.experts:
+            read += experts_read(batch, self.experts, self.active_experts) * self.expert_bytes
+        memory = read / (self.bandwidth_gb_s * 1e9) * 1e3
+        compute = batch * self.flops_per_token / (self.compute_tflops * 1e12) * 1e3
+        return self.overhead_ms + max(memory, compute)
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    name: str
+    source: str
+    step: Curve | MemoryModel | None
+    """A plain step by batch size; None: a pass of B tokens (``passes``)."""
+    passes: PassTable | None
+    """A verification pass by the tokens in it (measured); None: the seed's model below."""
+    prefill_tokens_per_s: float = math.inf
+    experts: int = 0
+    active_experts: int = 0
+    expert_ms: float = 0.0
+    """Reading one expert's weights, every layer's, once."""
+
+    def step_ms(self, batch: int) -> float:
+        """A plain decode step of ``batch`` sequences."""
+        if self.step is None:
+            assert self.passes is not None
+            return self.passes(batch, batch)
+        if isinstance(self.step, MemoryModel):
+            return self.step.step_ms(batch)
+        return self.step(batch)
+
+    def verify_ms(self, batch: int, tokens: int) -> float:
+        """A pass verifying ``tokens`` tokens (each sequence's K + 1) of ``batch`` sequences."""
+        if self.passes is not None:
+            return self.passes(batch, tokens)
+        extra = max(0, tokens - batch)
+        ms = self.step_ms(batch) + extra / self.prefill_tokens_per_s * 1e3
+        if self.experts and extra:
+            woken = experts_read(tokens, self.experts, self.active_experts) - experts_read(
+                batch, self.experts, self.active_experts
+            )
+            ms += woken * self.expert_ms
+        return ms
+
+
+def load_target(path: str | Path) -> TargetProfile:
+    p = resolve(path)
+    top = Fields(p.name, read_document(p), "")
+    t = top.sub("target")
+    src = p.name
+    passes = PassTable.read(t.sub("pass")) if t.has("pass") else None
+    step: Curve | MemoryModel | None = None
+    if t.has("step") and t.has("memory"):
+        raise ProfileError(f"{src}: give target.step (measured) or target.memory, not both")
+    if t.has("step"):
+        step = Curve.read(t.sub("step"), "batch", "ms")
+    elif t.has("memory"):
+        step = _memory(t.sub("memory"))
+    elif passes is None:
+        raise ProfileError(f"{src}: target.step is missing (or target.memory, or target.pass)")
+    kw: dict[str, Any] = {}
+    if passes is None:
+        if not t.has("verify"):
+            raise ProfileError(f"{src}: target.verify is missing (or give target.pass)")
+        v = t.sub("verify")
+        kw["prefill_tokens_per_s"] = v.number("prefill_tokens_per_s", positive=True)
+        if v.has("experts") or (isinstance(step, MemoryModel) and step.experts):
+            kw["experts"], kw["active_experts"] = _experts(v, step)
+            kw["expert_ms"] = (
+                v.number("expert_ms")
+                if v.has("expert_ms") or not isinstance(step, MemoryModel)
+                else step.expert_bytes / (step.bandwidth_gb_s * 1e9) * 1e3
+            )
+    elif t.has("verify"):
+        raise ProfileError(f"{src}: target.verify is for the modelled form; target.pass is given")
+    return TargetProfile(
+        name=t.text("name"), source=t.text("source", ""), step=step, passes=passes, **kw
+    )
+
+
+def _experts(v: Fields, step: Curve | MemoryModel | None) -> tuple[int, int]:
+    if isinstance(step, MemoryModel) and step.experts and not v.has("experts"):
+        return step.experts, step.active_experts
+    experts = v.integer("experts")
+    active = v.integer("active_experts")
+    if active > experts:
+        raise ProfileError(
+            f"{v.source}: {v.prefix}.active_experts ({active}) must be at most experts ({experts})"
+        )
+    return experts, active
+
+
+def _memory(m: Fields) -> MemoryModel:
+    experts = m.integer("experts", 0, minimum=0)
+    active = m.integer("active_experts", 0, minimum=0)
+    if experts and not 1 <= active <= experts:
+        raise ProfileError(f"{m.source}: {m.prefix}.active_experts must be 1..experts ({experts})")
+    return MemoryModel(
+        weight_bytes=m.number("weight_bytes", positive=True),
+        expert_bytes=m.number("expert_bytes", 0.0) if experts else 0.0,
+        experts=experts,
+        active_experts=active,
+        bandwidth_gb_s=m.number("bandwidth_gb_s", positive=True),
+        flops_per_token=m.number("flops_per_token", positive=True),
+        compute_tflops=m.number("compute_tflops", positive=True),
+        overhead_ms=m.number("overhead_ms", 0.0),
+    )
+
+
+# ---------------------------------------------------------------------------- card
+
+PREFETCH = ("full-acceptance", "none")
+OVERFLOW = ("waves", "target-alone")
+
+
+@dataclass(frozen=True)
+class CardProfile:
+    name: str
+    source: str
+    streams: int
+    """Streams a card holds."""
+    cards: int
+    draft_us_per_token: float
+    """One drafted token of one stream."""
+    stream_us_per_token: float
+    """What each further stream of a wave adds to a drafted token: 0 where streams are drafted
+    side by side in silicon; on a CPU (the emulator) one batched step grows with its rows."""
+    parallel_streams: int
+    """Streams a card drafts at once (a wave); more cost another wave each."""
+    miss_us: float
+    """The card's fixed cost of drafting anew after a miss (taking in the accepted tokens,
+    starting the engine), besides the drafted tokens."""
+    link_rtt_us: float
+    prefetch: str
+    """``full-acceptance``: the next draft is made ahead on the branch where every drafted
+    token and the card's guess of the bonus are right; ``none``."""
+    overflow: str
+    """Users beyond the streams: ``waves`` (streams shared in turns) or ``target-alone``
+    (K = 0 until a stream frees, as the SDK does)."""
+    max_k: int
+    host_us_per_round: float
+    """The host's own time a round (its loop), besides the pass."""
+    host_us_per_sequence: float
+    """The host's time for each sequence drafting on the card: acceptance, its COMMIT and
+    the reply (a sequence at K = 0 costs the pass alone)."""
+
+    def with_cards(self, cards: int) -> CardProfile:
+        from dataclasses import replace
+
+        return replace(self, cards=cards)
+
+    def waves(self, streams: int) -> int:
+        return math.ceil(streams / (self.parallel_streams * self.cards))
+
+    def draft_us(self, streams: int, tokens: int) -> float:
+        """Drafting ``tokens`` tokens on each of ``streams`` streams: every wave pays a token
+        for its first stream and ``stream_us_per_token`` for each other."""
+        if not streams or not tokens:
+            return 0.0
+        waves = self.waves(streams)
+        per_token = waves * self.draft_us_per_token + (streams - waves) * self.stream_us_per_token
+        return tokens * per_token
+
+
+def load_card(path: str | Path) -> CardProfile:
+    p = resolve(path)
+    top = Fields(p.name, read_document(p), "")
+    c = top.sub("card")
+    host = top.sub("host") if top.has("host") else Fields(p.name, {}, "host")
+    streams = c.integer("streams")
+    return CardProfile(
+        name=c.text("name"),
+        source=c.text("source", ""),
+        streams=streams,
+        cards=c.integer("cards", 1),
+        draft_us_per_token=c.number("draft_us_per_token", positive=True),
+        stream_us_per_token=c.number("stream_us_per_token", 0.0),
+        parallel_streams=c.integer("parallel_streams", streams),
+        miss_us=c.number("miss_us", 0.0),
+        link_rtt_us=c.number("link_rtt_us", 0.0),
+        prefetch=c.text("prefetch", "full-acceptance", PREFETCH),
+        overflow=c.text("overflow", "waves", OVERFLOW),
+        max_k=c.integer("max_k", 8),
+        host_us_per_round=host.number("us_per_round", 0.0),
+        host_us_per_sequence=host.number("us_per_sequence", 0.0),
+    )

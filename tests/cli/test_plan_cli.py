@@ -1,0 +1,80 @@
+"""exstill plan: the table for a shipped deployment, fixed K, plots, and bad profiles refused in
+one line that names the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .helpers import script
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [script("exstill"), "plan", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_gpt_oss_table_with_k_per_row() -> None:
+    out = _plan("--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    rows = result["rows"]
+    assert [r["users"] for r in rows] == [1, 2, 4, 8, 16]
+    for r in rows:
+        assert 0 <= r["k"] <= 8 and r["speedup"] > 1
+        by_k = r["tokens_per_s_by_k"]
+        assert r["tokens_per_s"] == max(by_k.values()) and set(by_k) == {str(k) for k in range(9)}
+        assert r["tokens_per_s_per_user"] * r["users"] == pytest.approx(r["tokens_per_s"], rel=0.01)
+    assert rows[-1]["waves"] == 2  # sixteen users on twelve streams: two waves
+    text = _plan("--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next")
+    assert text.returncode == 0 and "gpt-oss-120b" in text.stdout
+    assert len(text.stdout.strip().splitlines()) == 2 + 5
+
+
+def test_fixed_k_cards_and_plot(tmp_path: Path) -> None:
+    out = _plan(
+        "--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next", "--users", "16",
+        "--k", "3", "--cards", "2", "--plot", str(tmp_path), "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["rows"]
+    assert (row["k"], row["waves"]) == (3, 1)
+    assert (tmp_path / "plan_speedup.png").stat().st_size > 1000
+
+
+def test_acceptance_from_a_run_json(tmp_path: Path) -> None:
+    run = tmp_path / "vllm.json"
+    run.write_text(json.dumps({"num_drafts": 10, "num_accepted_tokens_per_pos": [9, 8, 7, 6]}))
+    out = _plan("--target", "qwen3-next-80b", "--acceptance", str(run), "--users", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["acceptance"]["per_position"][:4] == [0.9, 0.8, 0.7, 0.6]
+
+
+def test_bad_profile_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "t.toml"
+    bad.write_text('[target]\nname = "x"\n[target.pass]\ntokens = [1, 2]\nms = [5.0, -1.0]\n')
+    out = _plan("--target", str(bad), "--acceptance", "seed-qwen3-next")
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "target.pass.ms[1]" in out.stderr
+    assert "Traceback" not in out.stderr
+    acc = tmp_path / "a.toml"
+    acc.write_text("[acceptance]\nper_position = [0.9, 1.5]\n")
+    out = _plan("--target", "gpt-oss-120b", "--acceptance", str(acc), "--json")
+    assert out.returncode == 2
+    assert "acceptance.per_position[1]" in json.loads(out.stdout)["error"]
+
+
+def test_usage_mistakes() -> None:
+    for args, words in (
+        (("--users", "1,x"), "--users"),
+        (("--k", "12"), "--k wants auto or 0..8"),
+        (("--cards", "0"), "--cards"),
+    ):
+        out = _plan("--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next", *args)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+    out = _plan("--target", "no-such", "--acceptance", "seed-qwen3-next")
+    assert out.returncode == 2 and "shipped ones" in out.stderr

@@ -1,0 +1,113 @@
+"""The planner's simulation against cases worked out by hand."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exstill_sdk.plan import Acceptance, CardProfile, TargetProfile, plan, simulate
+from exstill_sdk.plan.profiles import Curve, PassTable
+
+CARD = CardProfile(
+    name="c",
+    source="",
+    streams=12,
+    cards=1,
+    draft_us_per_token=50.0,
+    stream_us_per_token=0.0,
+    parallel_streams=12,
+    miss_us=0.0,
+    link_rtt_us=0.0,
+    prefetch="none",
+    overflow="waves",
+    max_k=8,
+    host_us_per_round=0.0,
+    host_us_per_sequence=0.0,
+)
+FREE = replace(CARD, draft_us_per_token=1e-9)
+# a memory-bound pass: flat to 8 tokens, then 1 ms a token
+MEMORY_BOUND = TargetProfile(
+    "t", "", None, PassTable(((0, Curve((1.0, 8.0, 64.0), (10.0, 10.0, 66.0))),))
+)
+ALWAYS = Acceptance("all", (1.0,) * 8)
+HALF = Acceptance("half", tuple(0.5**i for i in range(1, 9)))
+
+
+def test_k0_is_plain_decoding() -> None:
+    p = simulate(MEMORY_BOUND, CARD, HALF, 4, 0)
+    assert p.speedup == pytest.approx(1.0) and p.k == 0 and p.mean_acceptance_length == 1.0
+
+
+def test_every_draft_accepted_with_a_free_card() -> None:
+    """K + 1 tokens a pass that costs a plain step: exactly (K + 1)x."""
+    p = simulate(MEMORY_BOUND, FREE, ALWAYS, 1, 7)
+    assert p.mean_acceptance_length == 8
+    assert p.speedup == pytest.approx(8.0, rel=1e-6)
+
+
+def test_rate_is_acceptance_over_round_time() -> None:
+    """Without prefetch every round waits for K + 1 steps of drafting (the bonus taken in, one
+    a drafted token, the last the guess of the next bonus), plus the link and the host."""
+    card = replace(CARD, link_rtt_us=200.0, host_us_per_round=100.0, miss_us=50.0)
+    p = simulate(MEMORY_BOUND, card, HALF, 2, 3, rounds=20000)
+    round_ms = 10.0 + 0.1 + 0.2 + 0.05 + 4 * 0.05
+    expected = 2 * HALF.mean_length(3) / round_ms * 1e3
+    assert p.tokens_per_s == pytest.approx(expected, rel=0.02)
+    assert p.round_ms.card == pytest.approx(0.05 + 0.2)
+
+
+def test_prefetch_hides_drafting_when_it_hits() -> None:
+    ahead = replace(CARD, prefetch="full-acceptance")
+    hit, miss = (
+        simulate(MEMORY_BOUND, ahead, ALWAYS, 1, 4),
+        simulate(MEMORY_BOUND, CARD, ALWAYS, 1, 4),
+    )
+    assert hit.prefetch_hit_rate == 1.0 and miss.prefetch_hit_rate == 0.0
+    assert hit.round_ms.card == 0.0 and miss.round_ms.card == pytest.approx(5 * 0.05)
+    assert hit.tokens_per_s > miss.tokens_per_s
+
+
+def test_prefetch_not_done_when_the_pass_is_shorter_than_drafting_ahead() -> None:
+    slow = replace(CARD, prefetch="full-acceptance", draft_us_per_token=4000.0)
+    p = simulate(MEMORY_BOUND, slow, ALWAYS, 1, 4)  # 5 steps of 4 ms ahead, a 10 ms pass
+    assert p.round_ms.card == pytest.approx(20.0 - 10.0, rel=0.01)
+
+
+def test_drafting_cost_by_streams_and_waves() -> None:
+    cpu = replace(CARD, stream_us_per_token=10.0)
+    assert cpu.draft_us(1, 4) == 4 * 50
+    assert cpu.draft_us(12, 4) == 4 * (50 + 11 * 10)  # one batched step for all twelve
+    assert replace(cpu, parallel_streams=6).draft_us(12, 4) == 4 * (2 * 50 + 10 * 10)
+    assert CARD.draft_us(16, 3) == 2 * 3 * 50  # silicon: sixteen streams are two waves
+
+
+def test_waves_and_overflow() -> None:
+    waves = simulate(MEMORY_BOUND, CARD, HALF, 16, 2)
+    assert (waves.waves, waves.streams_used) == (2, 12)
+    alone = simulate(MEMORY_BOUND, replace(CARD, overflow="target-alone"), HALF, 16, 2)
+    assert (alone.waves, alone.streams_used) == (1, 12)
+    # twelve users verify 3 tokens each, the other four 1: a pass of 40 tokens, not 48
+    assert alone.round_ms.step + alone.round_ms.verify_extra == pytest.approx(10 + 32)
+    assert waves.round_ms.step + waves.round_ms.verify_extra == pytest.approx(10 + 40)
+    two = simulate(MEMORY_BOUND, replace(CARD, cards=2), HALF, 16, 2)
+    assert two.waves == 1
+
+
+def test_auto_k_shrinks_as_the_pass_fills() -> None:
+    """On a pass that turns bound by arithmetic at 8 tokens, K falls as users are added, to 0
+    once the batch alone fills the pass."""
+    ks = [plan(MEMORY_BOUND, FREE, HALF, u)[0].k for u in (1, 2, 4, 8, 16)]
+    assert ks[0] >= 3 and ks == sorted(ks, reverse=True) and ks[-1] == 0
+    best, tried = plan(MEMORY_BOUND, FREE, HALF, 2)
+    assert best.tokens_per_s == max(tried.values())
+
+
+def test_the_planner_never_imports_the_hot_path() -> None:
+    folder = Path(__file__).resolve().parents[2] / "exstill_sdk" / "plan"
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exstill_sdk"):
+                assert node.module.startswith(("exstill_sdk.plan", "exstill_sdk.errors")), path

@@ -2,11 +2,12 @@
 emulated card's drafting and link, and the host's loop (``exstill-bench profile``).
 
 - target: a pass of U sequences with K drafted tokens each, for every U and K asked, the median
-  of a few runs taken in turns, keyed by the tokens in it (``[target.pass]``);
+  of a few runs taken in turns, keyed by the tokens in it (``[target.pass]``), at the context
+  a run has half-way;
 - card: the link's round trip (PING), a round that missed the draft made ahead (a fixed cost,
-  then K + 1 steps of the draft) on one stream for K = 1..8, and on every stream at
-  once (one batched run of the draft for all of them); from those the cost of a drafted
-  token, the card's fixed cost of drafting anew and what each further stream adds;
+  then K + 1 steps of the draft) on one stream and on every stream at once (one batched run of
+  the draft for all of them), for K = 1..8; from those the cost of a step, the fixed cost of
+  drafting anew, and what each further stream adds to a step and to a round;
 - host: the host's time a pass (a run's wall time less verification and waiting for the card),
   from speculative runs at each user count, as a line in the users (``[host]``).
 
@@ -32,8 +33,8 @@ from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args, he
 PAUSE_S = 0.02
 """Between measured card rounds: the card finishes drafting ahead meanwhile."""
 CARD_ROUNDS = 15
-MISS_K = 4
-"""K of the rounds that time every stream missing at once."""
+PASS_TURNS = 5
+"""Turns through the K when timing passes: a burst of noise on a shared machine spoils one."""
 PILOT_K = 8
 """K of the runs that measure acceptance (every position drafted) and the host's time."""
 SHORT_TOKENS = 32
@@ -68,14 +69,36 @@ def demo_onnx_target(name: str, users: Sequence[int], prompts: list[list[int]]) 
     return target
 
 
+def demo_hf_target(name: str) -> Any:
+    """A demo target (``small`` or ``large``) as a transformers model behind ``HFTarget``, on
+    one thread as the ONNX one."""
+    import torch
+
+    from exstill_sdk.adapters.hf import HFTarget
+    from exstill_sdk.demo import demo_target
+    from exstill_sdk.image.hf import to_hf_model
+
+    torch.set_num_threads(THREADS)
+    return HFTarget(to_hf_model(demo_target(name, progress=sys.stderr.isatty()).image, "sdpa"))
+
+
 def run(
-    name: str, users: Sequence[int], *, out: str | None = None, progress: bool = False
+    name: str,
+    users: Sequence[int],
+    *,
+    adapter: str = "onnx",
+    out: str | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """``exstill-bench profile``: every profile of the demo pair with the ``name`` target;
-    with ``out``, also as the files ``exstill plan`` reads."""
+    """``exstill-bench profile``: every profile of the demo pair with the ``name`` target, run
+    by ``adapter`` (``onnx``: OnnxTarget, one pass for every sequence; ``hf``: HFTarget on
+    transformers, a forward call per sequence); with ``out``, also as the files ``exstill
+    plan`` reads."""
     with demo_card(max(users)) as (card, prompts):
-        target = demo_onnx_target(name, users, prompts)
-        result = measure(card, target, name, prompts, users, progress=progress)
+        hf = adapter == "hf"
+        target = demo_hf_target(name) if hf else demo_onnx_target(name, users, prompts)
+        label = f"demo-{name}-{adapter}"
+        result = measure(card, target, label, prompts, users, progress=progress)
     if out is not None:
         result["files"] = [str(p) for p in write_profiles(Path(out), result)]
     return result
@@ -104,11 +127,16 @@ def measure(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Every profile of the pair: ``target`` and ``card`` (with ``host``) as the planner reads
-    them, and ``runs``: per user count, the pilot run's metrics (its acceptance)."""
+    them, and ``runs``: per user count, the pilot run's metrics (its acceptance). Passes and
+    drafts are timed at the context a run of ``new_tokens`` has half-way (attention grows with
+    it: on the small target it is a good part of a pass)."""
     if progress:
         print(f"profiling the {name} target and the card ...", file=sys.stderr, flush=True)
-    target_doc = target_profile(target, name, prompts, users, range(PILOT_K + 1))
-    card_doc = card_profile(card, prompts[0])
+    half_way = held_out_prompts(max(users), len(prompts[0]) + new_tokens // 2)
+    half_way = [half_way[i % len(half_way)] for i in range(max(users))]
+    target_doc = target_profile(target, name, half_way, users, range(PILOT_K + 1))
+    target_doc["target"]["context"] = len(half_way[0])
+    card_doc = card_profile(card, half_way[0])
     pilots = {u: pilot(card, target, prompts[:u], new_tokens) for u in users}
     card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
     return {
@@ -143,7 +171,7 @@ def target_profile(
     curve per U."""
     rows: dict[str, list[float]] = {"batch": [], "tokens": [], "ms": []}
     for u in users:
-        for tokens, ms in _pass_costs(target, prompts[:u], ks).items():
+        for tokens, ms in _pass_costs(target, prompts[:u], ks, turns=PASS_TURNS).items():
             rows["batch"].append(u)
             rows["tokens"].append(int(tokens))
             rows["ms"].append(ms)
@@ -151,37 +179,37 @@ def target_profile(
         "target": {
             "name": name,
             "source": f"exstill-bench profile on this machine: passes of {list(users)} users "
-            f"with K = {list(ks)} each, the median of six in three turns",
+            f"with K = {list(ks)} each, the median of {2 * PASS_TURNS} in {PASS_TURNS} turns",
             "pass": rows,
         }
     }
 
 
 def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, Any]:
-    """``[card]``: link, drafting and the card's fixed cost, measured through ``card``."""
+    """``[card]``: link, drafting and the card's fixed costs, measured through ``card``: rounds
+    where every stream missed, on one stream and on ``streams`` at once, for K = 1..8. Each is
+    a line in the draft's steps (K + 1); one stream's line gives a step's cost and the fixed
+    cost of a round, the difference of the two lines what each further stream adds, to a
+    step and to the round (taking its COMMIT, answering it)."""
     rtt = statistics.median(card.ping() for _ in range(50)) * 1e6
-    one = card.open_stream(target=DRAFT_TARGET)
-    try:
-        one.prefill(prompt)
-        one.draft(1)
-        xs, ys = [], []
-        for _ in range(CARD_ROUNDS):
-            for k in range(1, 9):
-                xs.append(k + 1)  # steps: the bonus taken in, then one per drafted token
-                ys.append(_miss_us(card, [one], k) - rtt)
-        per_token, fixed = _line(xs, ys)
-    finally:
-        one.close()
-    many = [card.open_stream(target=DRAFT_TARGET) for _ in range(streams)]
-    try:
-        for s in many:
-            s.prefill(prompt)
-            s.draft(1)
-        together = statistics.median(_miss_us(card, many, MISS_K) for _ in range(CARD_ROUNDS))
-    finally:
-        for s in many:
-            s.close()
-    per_stream = (together - rtt - fixed) / (MISS_K + 1) - per_token
+    lines = []
+    for count in (1, streams):
+        opened = [card.open_stream(target=DRAFT_TARGET) for _ in range(count)]
+        try:
+            for s in opened:
+                s.prefill(prompt)
+                s.draft(1)
+            xs, ys = [], []
+            for _ in range(CARD_ROUNDS):
+                for k in range(1, 9):
+                    xs.append(k + 1)  # steps: the bonus taken in, then one per drafted token
+                    ys.append(_miss_us(card, opened, k) - rtt)
+            lines.append(_line(xs, ys))
+        finally:
+            for s in opened:
+                s.close()
+    (per_token, fixed), (per_token_all, fixed_all) = lines
+    per_stream_fixed = max(0.0, (fixed_all - fixed) / (streams - 1))
     return {
         "card": {
             "name": "emulated",
@@ -189,8 +217,9 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
             "over TCP",
             "streams": streams,
             "draft_us_per_token": round(per_token, 2),
-            "stream_us_per_token": round(max(0.0, per_stream / (streams - 1)), 2),
-            "miss_us": round(max(0.0, fixed), 1),
+            "stream_us_per_token": round(max(0.0, (per_token_all - per_token) / (streams - 1)), 2),
+            "commit_us": round(per_stream_fixed, 1),
+            "miss_us": round(max(0.0, fixed - per_stream_fixed), 1),
             "link_rtt_us": round(rtt, 1),
             "prefetch": "full-acceptance",
             "overflow": "target-alone",

@@ -207,9 +207,11 @@ def _median(rates: list[dict[str, float]], key: str) -> float:
     return round(statistics.median(r[key] for r in rates), 1)
 
 
-def _pass_costs(target: Any, batch: list[list[int]], ks: Sequence[int]) -> dict[str, float]:
+def _pass_costs(
+    target: Any, batch: list[list[int]], ks: Sequence[int], turns: int = 3
+) -> dict[str, float]:
     """Milliseconds of one verification pass of every user with K drafted tokens each, keyed
-    by the tokens in the pass: the median over three turns through the K, each K run three
+    by the tokens in the pass: the median over ``turns`` turns through the K, each K run three
     times in a row and its first run left out (the first pass of a new shape after another is
     slower, as it never is in a decode, where the shape holds from round to round)."""
     n = len(batch)
@@ -222,7 +224,7 @@ def _pass_costs(target: Any, batch: list[list[int]], ks: Sequence[int]) -> dict[
     target.verify_batch([(i, p, ()) for i, p in zip(ids, batch, strict=True)])  # the prompts
     forget_last()
     samples: dict[int, list[float]] = {k: [] for k in ks}
-    for _ in range(3):
+    for _ in range(turns):
         for k in ks:
             items = [(i, p, p[-k:] if k else ()) for i, p in zip(ids, batch, strict=True)]
             for run in range(3):

@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         "card's drafting and link, the host's loop, and acceptance runs (exstill plan reads them)",
     )
     pr.add_argument("--target", choices=("small", "large"), default="large", help="demo target")
+    pr.add_argument(
+        "--adapter",
+        choices=("onnx", "hf"),
+        default="onnx",
+        help="onnx (default): OnnxTarget, every sequence in one pass; hf: HFTarget on "
+        "transformers (the hf extra), a forward call per sequence",
+    )
     pr.add_argument("--users", default="1,4,8,16", help="user counts (default 1,4,8,16)")
     pr.add_argument(
         "--out", metavar="DIR", help="also write target.json, card.json and run-U-users.json"
@@ -204,6 +211,7 @@ def _main(args: argparse.Namespace) -> int:
         result = profile.run(
             args.target,
             _numbers("--users", args.users),
+            adapter=args.adapter,
             out=args.out,
             progress=not args.json and sys.stderr.isatty(),
         )

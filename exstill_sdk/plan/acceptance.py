@@ -80,7 +80,8 @@ def load_acceptance(path: str | Path) -> Acceptance:
     p = resolve(path)
     data = read_document(p)
     if "acceptance" in data:
-        return _profile(p.name, Fields(p.name, data["acceptance"], "acceptance"))
+        fields = Fields(p.name, data["acceptance"], "acceptance")
+        return _profile(p.name, fields.only("source", "per_position", "mean_length", "at_k"))
     found = _from_run(data)
     if found is None:
         raise ProfileError(

@@ -88,6 +88,14 @@ class Fields:
     def _fail(self, key: str, what: str) -> ProfileError:
         return ProfileError(f"{self.source}: {self.name(key)} {what}")
 
+    def only(self, *known: str) -> Fields:
+        """This table, refusing a field it does not know: a misspelt optional field would
+        otherwise be ignored without a word."""
+        for key in self.table:
+            if key not in known:
+                raise self._fail(key, f"is not a field here (known: {', '.join(known)})")
+        return self
+
     def sub(self, key: str) -> Fields:
         if key not in self.table:
             raise self._fail(key, "is missing")
@@ -301,24 +309,24 @@ class TargetProfile:
 
 def load_target(path: str | Path) -> TargetProfile:
     p = resolve(path)
-    top = Fields(p.name, read_document(p), "")
-    t = top.sub("target")
+    top = Fields(p.name, read_document(p), "").only("target")
+    t = top.sub("target").only("name", "source", "context", "pass", "step", "memory", "verify")
     src = p.name
-    passes = PassTable.read(t.sub("pass")) if t.has("pass") else None
+    passes = PassTable.read(t.sub("pass").only("batch", "tokens", "ms")) if t.has("pass") else None
     step: Curve | MemoryModel | None = None
     if t.has("step") and t.has("memory"):
         raise ProfileError(f"{src}: give target.step (measured) or target.memory, not both")
     if t.has("step"):
-        step = Curve.read(t.sub("step"), "batch", "ms")
+        step = Curve.read(t.sub("step").only("batch", "ms"), "batch", "ms")
     elif t.has("memory"):
-        step = _memory(t.sub("memory"))
+        step = _memory(t.sub("memory").only(*MEMORY_FIELDS))
     elif passes is None:
         raise ProfileError(f"{src}: target.step is missing (or target.memory, or target.pass)")
     kw: dict[str, Any] = {}
     if passes is None:
         if not t.has("verify"):
             raise ProfileError(f"{src}: target.verify is missing (or give target.pass)")
-        v = t.sub("verify")
+        v = t.sub("verify").only("prefill_tokens_per_s", "experts", "active_experts", "expert_ms")
         kw["prefill_tokens_per_s"] = v.number("prefill_tokens_per_s", positive=True)
         if v.has("experts") or (isinstance(step, MemoryModel) and step.experts):
             kw["experts"], kw["active_experts"] = _experts(v, step)
@@ -346,6 +354,18 @@ def _experts(v: Fields, step: Curve | MemoryModel | None) -> tuple[int, int]:
     return experts, active
 
 
+MEMORY_FIELDS = (
+    "weight_bytes",
+    "expert_bytes",
+    "experts",
+    "active_experts",
+    "bandwidth_gb_s",
+    "flops_per_token",
+    "compute_tflops",
+    "overhead_ms",
+)
+
+
 def _memory(m: Fields) -> MemoryModel:
     experts = m.integer("experts", 0, minimum=0)
     active = m.integer("active_experts", 0, minimum=0)
@@ -365,6 +385,21 @@ def _memory(m: Fields) -> MemoryModel:
 
 # ---------------------------------------------------------------------------- card
 
+CARD_FIELDS = (
+    "name",
+    "source",
+    "streams",
+    "cards",
+    "draft_us_per_token",
+    "stream_us_per_token",
+    "parallel_streams",
+    "commit_us",
+    "miss_us",
+    "link_rtt_us",
+    "prefetch",
+    "overflow",
+    "max_k",
+)
 PREFETCH = ("full-acceptance", "none")
 OVERFLOW = ("waves", "target-alone")
 
@@ -383,6 +418,9 @@ class CardProfile:
     side by side in silicon; on a CPU (the emulator) one batched step grows with its rows."""
     parallel_streams: int
     """Streams a card drafts at once (a wave); more cost another wave each."""
+    commit_us: float
+    """The card's time for each stream's COMMIT and reply in a round, hit or miss, besides
+    drafting."""
     miss_us: float
     """The card's fixed cost of drafting anew after a miss (taking in the accepted tokens,
     starting the engine), besides the drafted tokens."""
@@ -420,9 +458,11 @@ class CardProfile:
 
 def load_card(path: str | Path) -> CardProfile:
     p = resolve(path)
-    top = Fields(p.name, read_document(p), "")
-    c = top.sub("card")
-    host = top.sub("host") if top.has("host") else Fields(p.name, {}, "host")
+    top = Fields(p.name, read_document(p), "").only("card", "host")
+    c = top.sub("card").only(*CARD_FIELDS)
+    host = (top.sub("host") if top.has("host") else Fields(p.name, {}, "host")).only(
+        "us_per_round", "us_per_sequence"
+    )
     streams = c.integer("streams")
     return CardProfile(
         name=c.text("name"),
@@ -432,6 +472,7 @@ def load_card(path: str | Path) -> CardProfile:
         draft_us_per_token=c.number("draft_us_per_token", positive=True),
         stream_us_per_token=c.number("stream_us_per_token", 0.0),
         parallel_streams=c.integer("parallel_streams", streams),
+        commit_us=c.number("commit_us", 0.0),
         miss_us=c.number("miss_us", 0.0),
         link_rtt_us=c.number("link_rtt_us", 0.0),
         prefetch=c.text("prefetch", "full-acceptance", PREFETCH),

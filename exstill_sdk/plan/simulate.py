@@ -6,11 +6,12 @@ drawn from the acceptance profile. Then, for each round:
 
     host      the host's acceptance and COMMITs (per round + per sequence drafting)
     link      half a round trip to the card, half back
-    card      the card answers from its draft made ahead (prefetch hit: every token accepted and
-              its guess of the bonus right) or drafts anew (a miss: a fixed cost, then K + 1
-              steps of the draft, the first taking in the bonus, the last giving the card's
-              guess of the next bonus); a wave of streams drafts at once, more streams take more
-              waves; if the drafting ahead it started after the last reply is not done, it waits
+    card      the card takes every stream's COMMIT and answers it from its draft made ahead
+              (prefetch hit: every token accepted and its guess of the bonus right) or drafts
+              anew (a miss: a fixed cost, then K + 1 steps of the draft, the first taking in the
+              bonus, the last giving the card's guess of the next bonus); a wave of streams
+              drafts at once, more streams take more waves; if the drafting ahead it started
+              after the last reply is not done, it waits
     ahead     after replying, the card drafts the next round ahead for every stream (K + 1
               steps from its guess) while the target verifies: hidden while the pass is longer
 
@@ -110,12 +111,14 @@ def simulate(
     accepted = (draws[:, :, None] < reach[None, None, :k]).sum(axis=2)
     hits = draws < reach[k] if card.prefetch == "full-acceptance" else np.zeros_like(draws, bool)
     ahead = card.draft_us(drafting, k + 1) / 1e3 if card.prefetch != "none" else 0.0
+    commit = card.commit_us * drafting
     clock = card_free = waited = 0.0
     for r in range(rounds):
         arrive = clock + verify + host + rtt / 2
         misses = drafting - int(hits[r].sum())
         start = max(arrive, card_free)
-        done = start + (card.miss_us + card.draft_us(misses, k + 1)) / 1e3 * (misses > 0)
+        miss = (card.miss_us + card.draft_us(misses, k + 1)) * (misses > 0)
+        done = start + (commit + miss) / 1e3
         waited += done - arrive
         card_free = done + ahead
         clock = done + rtt / 2

@@ -150,3 +150,73 @@ def test_host_cost_bench_json() -> None:
         assert set(per_round) == {"100", "2000"}
         assert all(isinstance(v, float) for v in per_round.values())
         assert isinstance(result[f"{way}_ratio_2000_to_100"], float)
+
+
+def test_profile_bench_feeds_the_planner(tmp_path) -> None:
+    """exstill-bench profile measures this machine's profiles; exstill plan reads them."""
+    args = ("profile", "--target", "small", "--users", "1,2", "--out", str(tmp_path), "--json")
+    out = subprocess.run(
+        [script("exstill-bench"), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    passes = result["target"]["target"]["pass"]
+    assert sorted(set(passes["batch"])) == [1, 2] and len(passes["tokens"]) == 2 * 9
+    card = result["card"]["card"]
+    assert card["draft_us_per_token"] > 0 and card["link_rtt_us"] > 0
+    assert card["overflow"] == "target-alone" and result["card"]["host"]["us_per_round"] >= 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["card.json", "run-1-users.json", "run-2-users.json", "target.json"]
+    files = {
+        name: str(tmp_path / f"{stem}.json")
+        for name, stem in (("target", "target"), ("card", "card"), ("acceptance", "run-2-users"))
+    }
+    plan = subprocess.run(
+        [script("exstill"), "plan", *(f"--{k}={v}" for k, v in files.items()), "--users=1,2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "largest" not in plan.stdout and len(plan.stdout.splitlines()) == 2 + 2  # a table
+    plan = subprocess.run(
+        [script("exstill"), "plan", *(f"--{k}={v}" for k, v in files.items()), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    rows = json.loads(plan.stdout)["rows"]
+    assert [r["users"] for r in rows] == [1, 2, 4, 8, 16] and all(
+        r["tokens_per_s"] > 0 for r in rows
+    )
+
+
+def test_plan_check_rows_are_predicted_against_measured() -> None:
+    """The check's machinery end to end on a small configuration (how close it comes is a
+    benchmark figure, docs/planning.md, not asserted here)."""
+    from exstill_sdk.bench import plan_check
+
+    result = plan_check.run(targets=("small",), users=(1, 2), new_tokens=40, repeats=1)
+    rows = result["rows"]
+    assert [(r["target"], r["users"]) for r in rows] == [("small", 1), ("small", 2)]
+    for r in rows:
+        assert r["predicted_tokens_per_s"] > 0 and r["measured_tokens_per_s"] > 0
+        ratio = r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] - 1
+        assert abs(r["error"] - ratio) < 1e-3 and 0 <= r["k"] <= 8
+    assert result["max_abs_error"] == max(abs(r["error"]) for r in rows)
+    assert result["ok"] == (result["max_abs_error"] <= plan_check.TOLERANCE)
+
+
+def test_profile_bench_hf_target() -> None:
+    """The same profiles with the demo target on transformers (HFTarget: a call per sequence,
+    so a pass of two sequences costs about two of one)."""
+    args = ("profile", "--target", "small", "--adapter", "hf", "--users", "1,2", "--json")
+    out = subprocess.run(
+        [script("exstill-bench"), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    target = json.loads(out.stdout)["target"]["target"]
+    assert target["name"] == "demo-small-hf"
+    passes = target["pass"]
+    ms = dict(zip(zip(passes["batch"], passes["tokens"], strict=True), passes["ms"], strict=True))
+    assert ms[(2, 2)] > ms[(1, 1)] * 1.3  # no batching: each sequence its own forward call

@@ -132,7 +132,8 @@ def test_json_profile(tmp_path: Path) -> None:
         (MODELLED.replace("active_experts = 4", "active_experts = 65"), "active_experts"),
         (MODELLED.replace("[target.verify]\nprefill_tokens_per_s = 10000.0\n", ""), "verify"),
         (MODELLED.replace("10000.0", '"fast"'), "target.verify.prefill_tokens_per_s"),
-        ("[card]\n", "target"),
+        ("[card]\n", "card is not a field here"),
+        (MODELLED.replace("overhead_ms", "overhead_mss"), "target.memory.overhead_mss is not a"),
     ],
 )
 def test_bad_target_names_the_field(tmp_path: Path, text: str, field: str) -> None:

@@ -22,7 +22,7 @@ import json
 import math
 import sys
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -439,8 +439,6 @@ class CardProfile:
     the reply (a sequence at K = 0 costs the pass alone)."""
 
     def with_cards(self, cards: int) -> CardProfile:
-        from dataclasses import replace
-
         return replace(self, cards=cards)
 
     def waves(self, streams: int) -> int:

@@ -8,7 +8,8 @@ accepted (vLLM's per-position acceptance: accepted at position i over drafts). I
   one that gives that mean length: 1 + a + ... + a^K);
 - the JSON of a real run, found anywhere in it: the speculative metrics of ``exstill demo
   --json`` or ``exstill-bench`` (``num_accepted_tokens_per_pos`` with ``num_drafts_per_pos``),
-  vLLM's counters (``num_accepted_tokens_per_pos`` with ``num_drafts``), or the fixed-K runs of
+  vLLM's counters (``num_accepted_tokens_per_pos`` with ``num_draft_tokens_per_pos``, as its
+  ``SpecDecodingStats`` has them, or with ``num_drafts``), or the fixed-K runs of
   ``exstill-bench e2e`` (mean acceptance length at each K: reach[K - 1] = L(K) - L(K - 1)).
 
 Beyond the positions measured, each further token is accepted with the last position's
@@ -110,7 +111,7 @@ def _from_run(data: Any) -> tuple[float, ...] | None:
     for table in _tables(data):
         per_pos = table.get("num_accepted_tokens_per_pos")
         if isinstance(per_pos, list) and per_pos:
-            drafts = table.get("num_drafts_per_pos")
+            drafts = table.get("num_drafts_per_pos", table.get("num_draft_tokens_per_pos"))
             if not isinstance(drafts, list):
                 n = table.get("num_drafts")
                 drafts = [n] * len(per_pos) if isinstance(n, int) else None

@@ -64,6 +64,15 @@ def test_from_vllm_counters(tmp_path: Path) -> None:
     path = tmp_path / "vllm.json"
     path.write_text(json.dumps({"num_drafts": 100, "num_accepted_tokens_per_pos": [80, 60, 30]}))
     assert load_acceptance(path).reach == pytest.approx((0.8, 0.6, 0.3))
+    # vLLM's SpecDecodingStats: drafts may be shorter than num_speculative_tokens
+    stats = {
+        "num_spec_tokens": 3,
+        "num_drafts": 100,
+        "num_accepted_tokens_per_pos": [80, 60, 20],
+        "num_draft_tokens_per_pos": [100, 100, 50],
+    }
+    path.write_text(json.dumps(stats))
+    assert load_acceptance(path).reach == pytest.approx((0.8, 0.6, 0.4))
 
 
 def test_from_the_fixed_k_runs_of_exstill_bench_e2e(tmp_path: Path) -> None:

@@ -7,7 +7,15 @@ import sys
 from typing import Any
 
 from exstill_sdk.bench.sizes import DEFAULT_SIZES
-from exstill_sdk.cli.support import EXIT_OK, Parser, UsageError, human_text, print_result, run
+from exstill_sdk.cli.support import (
+    EXIT_OK,
+    Parser,
+    UsageError,
+    comma_numbers,
+    human_text,
+    print_result,
+    run,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,16 +153,6 @@ def _sizes(text: str) -> tuple[str, ...]:
     return sizes
 
 
-def _numbers(option: str, text: str) -> tuple[int, ...]:
-    try:
-        numbers = tuple(int(u) for u in text.split(","))
-    except ValueError:
-        raise UsageError(f"{option} wants numbers separated by commas, not {text!r}") from None
-    if not numbers or min(numbers) < 1:
-        raise UsageError(f"{option} wants numbers of 1 or more, not {text!r}")
-    return numbers
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run("exstill-bench", args.json, lambda: _main(args))
@@ -189,8 +187,8 @@ def _main(args: argparse.Namespace) -> int:
             prompt_tokens=args.prompt_tokens,
             new_tokens=args.new_tokens,
             ks=tuple(range(1, args.max_k + 1)),
-            users=() if args.users == "none" else _numbers("--users", args.users),
-            users_ks=_numbers("--users-k", args.users_k),
+            users=() if args.users == "none" else comma_numbers("--users", args.users),
+            users_ks=comma_numbers("--users-k", args.users_k),
             users_repeats=args.users_repeats,
             hf=not args.no_hf,
             sizes=_sizes(args.sizes),
@@ -204,13 +202,15 @@ def _main(args: argparse.Namespace) -> int:
     elif args.bench == "host":
         from exstill_sdk.bench import host
 
-        result = host.run(_numbers("--contexts", args.contexts), args.rounds, args.k, args.repeats)
+        result = host.run(
+            comma_numbers("--contexts", args.contexts), args.rounds, args.k, args.repeats
+        )
     elif args.bench == "profile":
         from exstill_sdk.bench import profile
 
         result = profile.run(
             args.target,
-            _numbers("--users", args.users),
+            comma_numbers("--users", args.users),
             adapter=args.adapter,
             out=args.out,
             progress=not args.json and sys.stderr.isatty(),

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.cli.support import EXIT_FAILED, EXIT_OK, UsageError, print_result
+from exstill_sdk.cli.support import EXIT_FAILED, EXIT_OK, UsageError, comma_numbers, print_result
 
 DEFAULT_USERS = "1,2,4,8,16"
 CHECK_USERS = "1,4,8,16"
@@ -45,16 +45,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _users(text: str) -> list[int]:
-    try:
-        users = [int(u) for u in text.split(",")]
-    except ValueError:
-        raise UsageError(f"--users wants whole numbers separated by commas, not {text!r}") from None
-    if not users or min(users) < 1:
-        raise UsageError(f"--users wants user counts of 1 or more, not {text!r}")
-    return users
-
-
 def run_plan(args: argparse.Namespace) -> int:
     from exstill_sdk.plan import load_acceptance, load_card, load_target, plan
 
@@ -62,7 +52,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return _check(args)
     if args.target is None or args.acceptance is None:
         raise UsageError("give --target and --acceptance (or --check)")
-    users = _users(args.users or DEFAULT_USERS)
+    users = comma_numbers("--users", args.users or DEFAULT_USERS)
     target = load_target(args.target)
     card = load_card(args.card)
     acceptance = load_acceptance(args.acceptance)
@@ -104,7 +94,9 @@ def _check(args: argparse.Namespace) -> int:
 
     from exstill_sdk.bench import plan_check
 
-    result = plan_check.run(users=_users(args.users or CHECK_USERS), progress=sys.stderr.isatty())
+    result = plan_check.run(
+        users=comma_numbers("--users", args.users or CHECK_USERS), progress=sys.stderr.isatty()
+    )
     print_result(result, args.json, lambda: _check_table(result))
     return EXIT_OK if result["ok"] else EXIT_FAILED
 

@@ -45,6 +45,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def comma_numbers(option: str, text: str) -> tuple[int, ...]:
+    """``1,2,4`` as whole numbers of 1 or more; a UsageError naming ``option`` otherwise."""
+    try:
+        numbers = tuple(int(u) for u in text.split(","))
+    except ValueError:
+        raise UsageError(f"{option} wants numbers separated by commas, not {text!r}") from None
+    if not numbers or min(numbers) < 1:
+        raise UsageError(f"{option} wants numbers of 1 or more, not {text!r}")
+    return numbers
+
+
 def exit_code(exc: BaseException) -> int:
     """1 for what the card, the image or the link said; 2 for a mistake in the command line."""
     return EXIT_USAGE if isinstance(exc, _USAGE_ERRORS) else EXIT_FAILED

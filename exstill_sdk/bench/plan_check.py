@@ -29,20 +29,13 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.profile import (
-    PILOT_K,
-    demo_card,
-    demo_onnx_target,
-    measure,
-    write_profiles,
-)
-from exstill_sdk.bench.users import _decode_rate
+from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target
+from exstill_sdk.bench.profile import PILOT_K, measure, write_profiles
+from exstill_sdk.bench.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 
 TOLERANCE = 0.10
@@ -58,9 +51,12 @@ def run(
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
+    from exstill_sdk.demo import demo_target
+
     with tempfile.TemporaryDirectory() as tmp, demo_card(max(users)) as (card, prompts):
         for name in targets:
-            target = demo_onnx_target(name, users, prompts)
+            demo = demo_target(name, progress=progress)
+            target = demo_onnx_target(demo.image, users, prompts)
             measured = measure(card, target, name, prompts, users, new_tokens, progress)
             profiles[name] = measured
             folder = Path(tmp) / name
@@ -103,14 +99,9 @@ def _row(
     for rep in range(repeats):
         for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
             if way == "plain":
-                times: list[float] = []
-                target.greedy_batch(batch, new_tokens, step_times=times)
-                plain.append(users * (new_tokens - 1) / sum(times[1:]))
+                plain.append(plain_rate(target, batch, new_tokens)[0]["decode"])
             else:
-                started = time.perf_counter()
-                events = partial(decoder.stream_batch, batch, new_tokens, stop_token_ids=[])
-                rate, _ = _decode_rate(events, users, new_tokens, started)
-                spec.append(rate["decode"])
+                spec.append(speculative_rate(decoder, batch, new_tokens)[0]["decode"])
     measured = statistics.median(spec)
     predicted = planned  # at K = 0 acceptance plays no part
     if k:

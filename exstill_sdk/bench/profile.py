@@ -21,14 +21,13 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.bench.users import _pass_costs
-from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args, held_out_prompts
+from exstill_sdk.demo import DRAFT_TARGET, THREADS
 
 PAUSE_S = 0.02
 """Between measured card rounds: the card finishes drafting ahead meanwhile."""
@@ -40,46 +39,16 @@ PILOT_K = 8
 SHORT_TOKENS = 32
 
 
-@contextmanager
-def demo_card(users: int, prompt_tokens: int = 96) -> Iterator[tuple[Any, list[list[int]]]]:
-    """The emulated demo card in its own process on one core, this process pinned to the
-    other; and ``users`` held-out prompts (repeated when there are fewer)."""
-    from exstill_sdk.card import open_card
-
-    prompts = held_out_prompts(users, prompt_tokens)
-    prompts = [prompts[i % len(prompts)] for i in range(users)]
-    host_cpu, card_cpu = split_cores()
-    with (
-        pinned(host_cpu),
-        emulator_process(*emulator_args(), cpu=card_cpu) as url,
-        open_card(url) as card,
-    ):
-        yield card, prompts
-
-
-def demo_onnx_target(name: str, users: Sequence[int], prompts: list[list[int]]) -> Any:
-    """A demo target (``small`` or ``large``) as an OnnxTarget, warmed at every batch size."""
-    from exstill_sdk.adapters.onnx import OnnxTarget
-    from exstill_sdk.demo import demo_target
-
-    demo = demo_target(name, progress=sys.stderr.isatty())
-    target = OnnxTarget(demo.image, max_sequences=max(users), positions=POSITIONS, threads=THREADS)
-    for u in users:  # onnxruntime's first runs of a shape are slow
-        target.greedy_batch(prompts[:u], 2)
-    return target
-
-
-def demo_hf_target(name: str) -> Any:
-    """A demo target (``small`` or ``large``) as a transformers model behind ``HFTarget``, on
-    one thread as the ONNX one."""
+def demo_hf_target(image: Any) -> Any:
+    """A demo target's image as a transformers model behind ``HFTarget``, on one thread as the
+    ONNX one."""
     import torch
 
     from exstill_sdk.adapters.hf import HFTarget
-    from exstill_sdk.demo import demo_target
     from exstill_sdk.image.hf import to_hf_model
 
     torch.set_num_threads(THREADS)
-    return HFTarget(to_hf_model(demo_target(name, progress=sys.stderr.isatty()).image, "sdpa"))
+    return HFTarget(to_hf_model(image, "sdpa"))
 
 
 def run(
@@ -94,9 +63,12 @@ def run(
     by ``adapter`` (``onnx``: OnnxTarget, one pass for every sequence; ``hf``: HFTarget on
     transformers, a forward call per sequence); with ``out``, also as the files ``exstill
     plan`` reads."""
+    from exstill_sdk.demo import demo_target
+
     with demo_card(max(users)) as (card, prompts):
+        demo = demo_target(name, progress=sys.stderr.isatty())
         hf = adapter == "hf"
-        target = demo_hf_target(name) if hf else demo_onnx_target(name, users, prompts)
+        target = demo_hf_target(demo.image) if hf else demo_onnx_target(demo.image, users, prompts)
         label = f"demo-{name}-{adapter}"
         result = measure(card, target, label, prompts, users, progress=progress)
     if out is not None:
@@ -132,8 +104,7 @@ def measure(
     it: on the small target it is a good part of a pass)."""
     if progress:
         print(f"profiling the {name} target and the card ...", file=sys.stderr, flush=True)
-    half_way = held_out_prompts(max(users), len(prompts[0]) + new_tokens // 2)
-    half_way = [half_way[i % len(half_way)] for i in range(max(users))]
+    half_way = user_prompts(max(users), len(prompts[0]) + new_tokens // 2)
     target_doc = target_profile(target, name, half_way, users, range(PILOT_K + 1))
     target_doc["target"]["context"] = len(half_way[0])
     card_doc = card_profile(card, half_way[0])

@@ -38,13 +38,38 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
-from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
-from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args, held_out_prompts
+from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target
+from exstill_sdk.demo import DRAFT_TARGET
 
 CARD_STREAMS = 12
 WARM_UP_TOKENS = 32
 """The adaptive decoder's first run, on every prompt: a server's decoder has run before it is
 measured."""
+
+
+def plain_rate(
+    target: Any, batch: list[list[int]], new_tokens: int
+) -> tuple[dict[str, float], list[list[int]]]:
+    """Plain batched decoding of ``batch`` (one onnxruntime run a step for all): tokens/s of
+    its decode steps (every user decoding) and of the whole run; the outputs."""
+    started = time.perf_counter()
+    times: list[float] = []
+    outs = target.greedy_batch(batch, new_tokens, step_times=times)
+    end = time.perf_counter()
+    n = len(batch)
+    return {
+        "decode": n * (new_tokens - 1) / max(sum(times[1:]), 1e-9),
+        "overall": n * new_tokens / (end - started),
+    }, outs
+
+
+def speculative_rate(
+    decoder: Any, batch: list[list[int]], new_tokens: int
+) -> tuple[dict[str, float], list[list[int]]]:
+    """``decoder`` on ``batch``, timed as ``_decode_rate`` counts it; the outputs."""
+    started = time.perf_counter()
+    events = partial(decoder.stream_batch, batch, new_tokens, stop_token_ids=[])
+    return _decode_rate(events, len(batch), new_tokens, started)
 
 
 def _decode_rate(
@@ -82,33 +107,23 @@ def run(
     repeats: int = 2,
     progress: bool = False,
 ) -> dict[str, Any]:
-    from exstill_sdk.adapters.onnx import OnnxTarget
-    from exstill_sdk.card import open_card
     from exstill_sdk.demo import demo_target
     from exstill_sdk.speculative import SpeculativeDecoder
 
     large = demo_target("large", progress=progress)
-    prompts = held_out_prompts(max(users), prompt_tokens)
-    prompts = [prompts[i % len(prompts)] for i in range(max(users))]
-    host_cpu, card_cpu = split_cores()
     rows: list[dict[str, Any]] = []
-    with pinned(host_cpu):
-        target = OnnxTarget(
-            large.image, max_sequences=max(users), positions=POSITIONS, threads=THREADS
-        )
-        with emulator_process(*emulator_args(), cpu=card_cpu) as url, open_card(url) as card:
-            for n in sorted(set(users)):  # warm-up: onnxruntime's first runs of a shape are slow
-                target.greedy_batch(prompts[:n], 2)
-            choices: list[int | Literal["adaptive"]] = ["adaptive", *ks]
-            decoders = {
-                str(k): SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=k, max_k=max(ks))
-                for k in choices
-            }
-            decoders["adaptive"].generate_batch(prompts, WARM_UP_TOKENS, stop_token_ids=[])
-            for n in users:
-                if progress:
-                    print(f"users {n} ...", file=sys.stderr, flush=True)
-                rows.append(_row(decoders, target, prompts[:n], new_tokens, repeats))
+    with demo_card(max(users), prompt_tokens) as (card, prompts):
+        target = demo_onnx_target(large.image, users, prompts)
+        choices: list[int | Literal["adaptive"]] = ["adaptive", *ks]
+        decoders = {
+            str(k): SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=k, max_k=max(ks))
+            for k in choices
+        }
+        decoders["adaptive"].generate_batch(prompts, WARM_UP_TOKENS, stop_token_ids=[])
+        for n in users:
+            if progress:
+                print(f"users {n} ...", file=sys.stderr, flush=True)
+            rows.append(_row(decoders, target, prompts[:n], new_tokens, repeats))
     return {
         "target": large.description,
         "parameters": large.parameters,
@@ -140,25 +155,12 @@ def _row(
         order = ways[rep % len(ways) :] + ways[: rep % len(ways)]
         for way in order:
             if way == "plain":
-                started = time.perf_counter()
-                times: list[float] = []
-                outs = target.greedy_batch(batch, new_tokens, step_times=times)
-                end = time.perf_counter()
-                rate = {
-                    "decode": n * (new_tokens - 1) / max(sum(times[1:]), 1e-9),
-                    "overall": n * new_tokens / (end - started),
-                }
+                rate, outs = plain_rate(target, batch, new_tokens)
                 reference = reference or outs
             else:
                 decoder = decoders[way]
                 decoder.metrics = SpecMetrics(max_k=decoder.max_k)  # this run's alone
-                started = time.perf_counter()
-                rate, outs = _decode_rate(
-                    partial(decoder.stream_batch, batch, new_tokens, stop_token_ids=[]),
-                    n,
-                    new_tokens,
-                    started,
-                )
+                rate, outs = speculative_rate(decoder, batch, new_tokens)
                 m = decoder.metrics
                 details[way] = {
                     "mean_acceptance_length": round(m.mean_acceptance_length, 3),

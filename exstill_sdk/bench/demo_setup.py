@@ -1,0 +1,45 @@
+"""What the benchmarks that load the demo pair with many users share: held-out prompts for U
+users, the emulated demo card in its own process on its own core (this process pinned to the
+other), and a demo target as an OnnxTarget warmed at every batch size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.demo import POSITIONS, THREADS, emulator_args, held_out_prompts
+
+
+def user_prompts(users: int, prompt_tokens: int) -> list[list[int]]:
+    """``users`` held-out prompts of ``prompt_tokens`` tokens, repeated when there are fewer."""
+    prompts = held_out_prompts(users, prompt_tokens)
+    return [prompts[i % len(prompts)] for i in range(users)]
+
+
+@contextmanager
+def demo_card(users: int, prompt_tokens: int = 96) -> Iterator[tuple[Any, list[list[int]]]]:
+    """The emulated demo card in its own process on one core, this process pinned to the
+    other; and ``user_prompts(users, prompt_tokens)``."""
+    from exstill_sdk.card import open_card
+
+    prompts = user_prompts(users, prompt_tokens)
+    host_cpu, card_cpu = split_cores()
+    with (
+        pinned(host_cpu),
+        emulator_process(*emulator_args(), cpu=card_cpu) as url,
+        open_card(url) as card,
+    ):
+        yield card, prompts
+
+
+def demo_onnx_target(image: Any, users: Sequence[int], prompts: list[list[int]]) -> Any:
+    """A demo target's image as an OnnxTarget for up to ``max(users)`` sequences, warmed at
+    every batch size of ``users`` (onnxruntime's first runs of a shape are slow)."""
+    from exstill_sdk.adapters.onnx import OnnxTarget
+
+    target = OnnxTarget(image, max_sequences=max(users), positions=POSITIONS, threads=THREADS)
+    for u in sorted(set(users)):
+        target.greedy_batch(prompts[:u], 2)
+    return target

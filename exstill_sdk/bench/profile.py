@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target, user_prompts
-from exstill_sdk.bench.users import _pass_costs
+from exstill_sdk.bench.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
 
 PAUSE_S = 0.02
@@ -142,7 +142,7 @@ def target_profile(
     curve per U."""
     rows: dict[str, list[float]] = {"batch": [], "tokens": [], "ms": []}
     for u in users:
-        for tokens, ms in _pass_costs(target, prompts[:u], ks, turns=PASS_TURNS).items():
+        for tokens, ms in pass_costs(target, prompts[:u], ks, turns=PASS_TURNS).items():
             rows["batch"].append(u)
             rows["tokens"].append(int(tokens))
             rows["ms"].append(ms)

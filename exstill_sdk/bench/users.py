@@ -199,7 +199,7 @@ def _row(
         out["adaptive"]["tokens_per_s"] / fixed[best]["tokens_per_s"], 3
     )
     out["speedup"] = out["adaptive"]["speedup"]
-    out["pass_ms"] = _pass_costs(target, batch, [0, *map(int, fixed)])
+    out["pass_ms"] = pass_costs(target, batch, [0, *map(int, fixed)])
     out["limit"] = _limit(out["pass_ms"], fixed, n)
     out["exact"] = exact
     return out
@@ -209,7 +209,7 @@ def _median(rates: list[dict[str, float]], key: str) -> float:
     return round(statistics.median(r[key] for r in rates), 1)
 
 
-def _pass_costs(
+def pass_costs(
     target: Any, batch: list[list[int]], ks: Sequence[int], turns: int = 3
 ) -> dict[str, float]:
     """Milliseconds of one verification pass of every user with K drafted tokens each, keyed

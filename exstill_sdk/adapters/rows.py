@@ -22,12 +22,21 @@ the card has refused a stream, no row asks again until a stream has been closed 
 a stream every step. A card error on a row drops that row's stream (the
 row goes on without drafts until it is re-opened); a lost link gives the step no drafts and
 reconnects. Output never depends on any of this: the target verifies every drafted token.
+
+With ``planner`` (a ``BatchK``) each row drafts as many tokens as pay for themselves, up to
+the engine's K: the engine's step between two calls is the verification pass, timed here by the
+tokens in it (every row's draft and one more), and each row's acceptance is counted per
+position, so rows whose drafts are seldom accepted draft short or not at all, and a batch that
+already fills the target's arithmetic drafts less (exstill_sdk.speculative.batch_k). Steps that
+also prefilled a request are not timed: they are not what drafting costs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +45,7 @@ import numpy as np
 from exstill_sdk.card import Card, Draft, DraftStream
 from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError
 from exstill_sdk.protocol.constants import WireMode
+from exstill_sdk.speculative.batch_k import BatchK
 from exstill_sdk.support.tokens import common_prefix, continues
 
 RETRY_STEPS = 64
@@ -52,6 +62,9 @@ class _Tracked:
     """The context the card's stream holds (committed tokens)."""
     draft: tuple[int, ...] | None = None
     """The stream's pending draft (None: none pending, as after an open or a rollback)."""
+    request: int = 0
+    """Which request the stream holds, for the planner's per-request acceptance: a new number
+    whenever the stream starts on another request."""
 
 
 @dataclass
@@ -74,18 +87,33 @@ class RowStreams:
     """Card streams for the rows of a batch (see the module's docstring).
 
     ``draft`` names a target image on the card, ``engine`` a built-in engine (used when
-    ``draft`` is None). Drafts are greedy token lists (wire mode TOKENS).
+    ``draft`` is None). Drafts are greedy token lists (wire mode TOKENS). ``adaptive``: each
+    row's K is chosen by a ``BatchK`` (``planner``, made on the first step), up to the engine's
+    K; otherwise every row drafts the engine's K.
     """
 
-    def __init__(self, card: Card, *, draft: str | None = None, engine: str | None = None) -> None:
+    def __init__(
+        self,
+        card: Card,
+        *,
+        draft: str | None = None,
+        engine: str | None = None,
+        adaptive: bool = False,
+    ) -> None:
         self.card = card
         self.draft_target = draft
         self.engine = engine
+        self.adaptive = adaptive
+        self.planner: BatchK | None = None
         self.stats = RowStats()
         self._rows: dict[int, _Tracked] = {}
         self._refused: tuple[int, int] | None = None
         """(streams closed, step) when the card last refused a stream."""
         self._steps = 0
+        self._requests = itertools.count(1)
+        self._last_step: tuple[int, float, int | None, float] | None = None
+        """(tokens the engine's next pass holds, when the last call returned, tokens the card
+        drafted in it or None when it also brought a row up to date, the call's seconds)."""
 
     def propose(
         self,
@@ -116,6 +144,7 @@ class RowStreams:
         k: int,
         max_length: int | None,
     ) -> list[list[int]]:
+        started = time.perf_counter()
         out: list[list[int]] = [[] for _ in sampled]
         unclaimed = self._rows
         self._rows = {}
@@ -148,16 +177,25 @@ class RowStreams:
                 self._refused = (self.stats.closed, self._steps)
         for tracked in unclaimed.values():
             self._close(tracked)
-        # Bring new rows up to date (prefill, draft), then send every other row's round in
-        # one write, then collect the drafts.
-        rounds: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, accepted, next K)
+        # Each row with a stream: one COMMIT on (accepted count) or a prefill, and its K.
+        plans: list[tuple[int, np.ndarray, int | None, int]] = []  # (row, ctx, accepted, K)
         for i, ctx in wanted:
             tracked = self._rows.get(i)
             if tracked is None:
                 continue
             limit = k if max_length is None else min(k, max_length - len(ctx))
             limit = max(0, min(limit, tracked.stream.capacity - len(ctx) - 1))  # bonus room
-            accepted = self._one_round_on(tracked, ctx)
+            plans.append((i, ctx, self._one_round_on(tracked, ctx), limit))
+        # A step that held a prompt (a row in prefill, or just out of it) is not what drafting
+        # costs.
+        only_commits = all(len(new) for new in sampled) and all(p[2] is not None for p in plans)
+        if self.adaptive:
+            plans = self._plan(plans, k, started, only_commits)
+        # Bring new rows up to date (prefill, draft), then send every other row's round in
+        # one write, then collect the drafts.
+        rounds: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, accepted, next K)
+        for i, ctx, accepted, limit in plans:
+            tracked = self._rows[i]
             if accepted is not None:
                 rounds.append((i, ctx, accepted, limit))
                 continue
@@ -192,7 +230,34 @@ class RowStreams:
             self.stats.commits += 1
             self.stats.prefetch_hits += draft.prefetch_hit
             out[i] = self._record(tracked, ctx, draft)
+        ended = time.perf_counter()
+        drafted = sum(len(d) for d in out) if only_commits else None
+        pass_tokens = sum(len(d) + 1 for d in out)
+        self._last_step = (pass_tokens, ended, drafted, ended - started)
         return out
+
+    def _plan(
+        self,
+        plans: list[tuple[int, np.ndarray, int | None, int]],
+        k: int,
+        started: float,
+        steady: bool,
+    ) -> list[tuple[int, np.ndarray, int | None, int]]:
+        """The planner's K for every row (at most its limit), after it has seen the step that
+        just ran: each row's accepted count, and the pass's time when the step only verified
+        drafts (no prompt in it)."""
+        planner = self.planner
+        if planner is None or planner.max_k < k:
+            planner = self.planner = BatchK(max_k=k)
+        for i, _, accepted, _ in plans:
+            pending = self._rows[i].draft
+            if accepted is not None and pending is not None:
+                planner.observe_round(self._rows[i].request, len(pending), accepted)
+        if steady and self._last_step is not None:
+            tokens, ended, drafted, other = self._last_step
+            planner.observe_pass(tokens, started - ended, drafted, other)
+        ks = planner.choose([self._rows[i].request for i, *_ in plans], [p[3] for p in plans])
+        return [(i, ctx, accepted, kk) for (i, ctx, accepted, _), kk in zip(plans, ks, strict=True)]
 
     def close(self) -> None:
         """Close every stream (the engine shut down)."""
@@ -235,18 +300,25 @@ class RowStreams:
                 keep -= 1  # feed at least one token so the draft follows the whole context
             tracked.stream.rollback(keep)
             tracked.tokens, tracked.draft = tracked.tokens[:keep], None
+            self._forget(tracked)
+            tracked.request = next(self._requests)
             return tracked
         if self.draft_target is not None:
             stream = self.card.open_stream(target=self.draft_target, wire_mode=WireMode.TOKENS)
         else:
             stream = self.card.open_stream(self.engine, wire_mode=WireMode.TOKENS)
         self.stats.opened += 1
-        return _Tracked(stream)
+        return _Tracked(stream, request=next(self._requests))
 
     def _close(self, tracked: _Tracked) -> None:
         with contextlib.suppress(ExstillError):  # the card may have dropped it already
             tracked.stream.close()
         self.stats.closed += 1
+        self._forget(tracked)
+
+    def _forget(self, tracked: _Tracked) -> None:
+        if self.planner is not None:
+            self.planner.forget(tracked.request)
 
     def _drop(self, row: int, exc: ExstillError) -> None:
         log.warning("row %d goes on without drafts: %s", row, exc)

@@ -14,6 +14,12 @@ in vLLM's config, then the environment variables ``EXSTILL_CARD_URL`` and ``EXST
 image on the card packed for the served model (``exstill-pack``), and defaults to the card's
 only target image if it has exactly one, else to its prompt-lookup engine.
 
+``num_speculative_tokens`` is the most a row drafts. By default each row drafts as many as pay
+for themselves (``"k": "adaptive"``, or ``EXSTILL_K=adaptive``): K per row from the row's own
+acceptance and the measured cost of vLLM's step by the tokens in it (RowStreams, BatchK), so a
+row whose drafts are seldom accepted drafts short, and a batch whose pass is already bound by
+arithmetic drafts little. ``"k": "fixed"`` drafts ``num_speculative_tokens`` for every row.
+
 vLLM verifies every drafted token with its own rejection sampler, so its output is what it would
 be without speculation. vLLM does not tell a proposer which request a row of its batch holds;
 ``RowStreams`` (exstill_sdk.adapters.rows) keeps one card stream per row by content.
@@ -24,26 +30,44 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from exstill_sdk.adapters.rows import RowStreams
 from exstill_sdk.card import Card, open_card
-from exstill_sdk.errors import TokenizerMismatchError, UnknownModelError
+from exstill_sdk.errors import InvalidArgumentError, TokenizerMismatchError, UnknownModelError
 
 URL_ENV = "EXSTILL_CARD_URL"
 DRAFT_ENV = "EXSTILL_DRAFT"
+K_ENV = "EXSTILL_K"
 DEFAULT_URL = "emu://"
+K_CHOICES = ("adaptive", "fixed")
 
 
-def card_settings(vllm_config: Any) -> tuple[str, str | None]:
-    """(card URL, draft target name or None) from vLLM's config, then the environment."""
+@dataclass(frozen=True)
+class ProposerSettings:
+    url: str
+    draft: str | None
+    """A target image on the card, or None for the default (module docstring)."""
+    adaptive: bool
+    """Each row's K chosen up to num_speculative_tokens (True), or always that K."""
+
+
+def card_settings(vllm_config: Any) -> ProposerSettings:
+    """The proposer's settings from vLLM's config, then the environment."""
     extra = getattr(vllm_config, "additional_config", None) or {}
     ours = extra.get("exstill", {}) if isinstance(extra, dict) else {}
     url = ours.get("url") or os.environ.get(URL_ENV) or DEFAULT_URL
     draft = ours.get("draft") or os.environ.get(DRAFT_ENV) or None
-    return url, draft
+    k = ours.get("k") or os.environ.get(K_ENV) or "adaptive"
+    if k not in K_CHOICES:
+        raise InvalidArgumentError(
+            f"the Exstill proposer's k is {k!r}: use one of {', '.join(K_CHOICES)} "
+            f'(additional_config={{"exstill": {{"k": ...}}}} or {K_ENV})'
+        )
+    return ProposerSettings(url, draft, k == "adaptive")
 
 
 def choose_draft(card: Card, draft: str | None, vocab_size: int) -> str | None:
@@ -77,16 +101,21 @@ class ExstillProposer:
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
-        self.url, self.draft = card_settings(vllm_config)
+        self.settings = card_settings(vllm_config)
         self.card: Card | None = None
         self.rows: RowStreams | None = None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM calls this once the target is loaded: connect to the card."""
         if self.card is None:
-            self.card = open_card(self.url)
-            draft = choose_draft(self.card, self.draft, self.vocab_size)
-            self.rows = RowStreams(self.card, draft=draft, engine=None if draft else "lookup")
+            self.card = open_card(self.settings.url)
+            draft = choose_draft(self.card, self.settings.draft, self.vocab_size)
+            self.rows = RowStreams(
+                self.card,
+                draft=draft,
+                engine=None if draft else "lookup",
+                adaptive=self.settings.adaptive,
+            )
 
     def propose(
         self,

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from exstill_sdk.bench.sizes import DEFAULT_SIZES
+from exstill_sdk.bench.vllm_side import WAY_NAMES
 from exstill_sdk.cli.support import (
     EXIT_OK,
     Parser,
@@ -133,6 +134,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", metavar="DIR", help="also write target.json, card.json and run-U-users.json"
     )
     pr.add_argument("--json", action="store_true", help="print one JSON object")
+    vl = sub.add_parser(
+        "vllm",
+        help="the card against vLLM alone, vLLM's ngram and draft_model, same pair, same "
+        "machine (run where vLLM is installed)",
+    )
+    vl.add_argument("--targets", default="large,small", help="demo targets (default large,small)")
+    vl.add_argument("--users", default="1,4,12", help="user counts (default 1,4,12)")
+    vl.add_argument(
+        "--k", type=int, default=4, help="num_speculative_tokens of every way (default 4)"
+    )
+    vl.add_argument("--new-tokens", type=int, default=128, help="tokens a request (default 128)")
+    vl.add_argument(
+        "--prompt-tokens", type=int, default=96, help="held-out prompt length (default 96)"
+    )
+    vl.add_argument("--repeats", type=int, default=2, help="timed runs per engine (default 2)")
+    vl.add_argument(
+        "--cycles",
+        type=int,
+        default=1,
+        help="engine processes per way, the ways' order reversed each cycle (default 1)",
+    )
+    vl.add_argument(
+        "--ways",
+        default="all",
+        help="comma list of " + ", ".join(WAY_NAMES) + " (default all; alone is needed)",
+    )
+    vl.add_argument("--json", action="store_true", help="print one JSON object")
     fl = sub.add_parser("flash", help="upload speed and resumed-upload cost of exstill-flash")
     fl.add_argument("--url", required=True, help="a card with an image store")
     fl.add_argument("--size-mb", type=int, default=256, help="image size (default 256 MB)")
@@ -151,6 +179,10 @@ def _sizes(text: str) -> tuple[str, ...]:
                 f"--sizes: {size!r} is not small, large or a hidden size of 256 or more"
             )
     return sizes
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +247,32 @@ def _main(args: argparse.Namespace) -> int:
             out=args.out,
             progress=not args.json and sys.stderr.isatty(),
         )
+    elif args.bench == "vllm":
+        from exstill_sdk.bench import vllm_side
+
+        targets = tuple(t.strip() for t in args.targets.split(","))
+        ways = WAY_NAMES if args.ways == "all" else tuple(w.strip() for w in args.ways.split(","))
+        for name in targets:
+            if name not in ("small", "large"):
+                raise UsageError(f"--targets: {name!r} is not small or large")
+        for way in ways:
+            if way not in WAY_NAMES:
+                raise UsageError(f"--ways: {way!r} is not one of {', '.join(WAY_NAMES)}")
+        if min(args.k, args.new_tokens, args.prompt_tokens, args.repeats, args.cycles) < 1:
+            raise UsageError("--k, --new-tokens, --prompt-tokens, --repeats, --cycles want 1+")
+        result = vllm_side.run(
+            targets=targets,
+            users=comma_numbers("--users", args.users),
+            k=args.k,
+            new_tokens=args.new_tokens,
+            prompt_tokens=args.prompt_tokens,
+            repeats=args.repeats,
+            cycles=args.cycles,
+            ways=ways,
+            progress=_progress if not args.json and sys.stderr.isatty() else None,
+        )
+        print_result(result, args.json, lambda: vllm_side.table(result))
+        return EXIT_OK
     elif args.bench == "flash":
         from exstill_sdk.bench import flash
 

@@ -3,6 +3,7 @@ accept drafts, finish, move (compaction), arrive mid-run and sit in prefill."""
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from types import SimpleNamespace
 
@@ -10,9 +11,14 @@ import numpy as np
 import pytest
 
 from exstill_sdk.adapters.rows import RowStreams
-from exstill_sdk.adapters.vllm import ExstillProposer, card_settings, choose_draft
+from exstill_sdk.adapters.vllm import (
+    ExstillProposer,
+    ProposerSettings,
+    card_settings,
+    choose_draft,
+)
 from exstill_sdk.card import open_card
-from exstill_sdk.errors import TokenizerMismatchError, UnknownModelError
+from exstill_sdk.errors import InvalidArgumentError, TokenizerMismatchError, UnknownModelError
 
 from ..helpers import served
 
@@ -160,17 +166,23 @@ def config(**additional: object) -> SimpleNamespace:
 def test_proposer_settings_come_from_vllm_config_then_environment(monkeypatch) -> None:
     monkeypatch.setenv("EXSTILL_CARD_URL", "emu://?streams=3")
     monkeypatch.delenv("EXSTILL_DRAFT", raising=False)
-    assert card_settings(config()) == ("emu://?streams=3", None)
-    assert card_settings(config(exstill={"url": "tcp://h:1", "draft": "d"})) == ("tcp://h:1", "d")
+    monkeypatch.delenv("EXSTILL_K", raising=False)
+    assert card_settings(config()) == ProposerSettings("emu://?streams=3", None, adaptive=True)
+    assert card_settings(config(exstill={"url": "tcp://h:1", "draft": "d", "k": "fixed"})) == (
+        ProposerSettings("tcp://h:1", "d", adaptive=False)
+    )
     monkeypatch.delenv("EXSTILL_CARD_URL")
-    assert card_settings(config()) == ("emu://", None)
+    monkeypatch.setenv("EXSTILL_K", "fixed")
+    assert card_settings(config()) == ProposerSettings("emu://", None, adaptive=False)
+    with pytest.raises(InvalidArgumentError, match="use one of adaptive, fixed"):
+        card_settings(config(exstill={"k": "8"}))
 
 
 def test_proposer_drafts_with_the_cards_image_and_checks_the_vocabulary() -> None:
     from exstill_sdk.demo import emulator_url
 
     url = emulator_url()
-    proposer = ExstillProposer(config(exstill={"url": url}))
+    proposer = ExstillProposer(config(exstill={"url": url, "k": "fixed"}))
     proposer.load_model(object())
     assert proposer.rows is not None and proposer.rows.draft_target == "demo-draft"
     ctx = np.array([reference(0)[:20]])
@@ -248,3 +260,42 @@ def test_a_full_card_is_not_asked_for_a_stream_every_step() -> None:
     assert drafted > 0
     assert refused <= 3
     assert rows.stats.no_stream >= 4 * 19
+
+
+def misleading(n: int = 400) -> list[int]:
+    """Text whose repeated bigrams are followed by a different token each time: prompt lookup
+    drafts for it, and its drafts are wrong."""
+    out: list[int] = []
+    for c in range(n // 6):
+        out += [20, 21, 100 + c, 22, 23, 200 + c]
+    return out
+
+
+def test_adaptive_rows_draft_what_pays_for_itself() -> None:
+    """With the planner, a row whose drafts are accepted drafts long and a row whose drafts are
+    wrong stops drafting; the engine's step costs a fixed part and a part per token, as a
+    memory-bound target's pass does (slept here, timed by RowStreams between calls)."""
+    texts = [[10 + j % 6 for j in range(400)], misleading()]
+    with open_card("emu://") as card:
+        rows = RowStreams(card, engine="lookup", adaptive=True)
+        held = [t[:20] for t in texts]
+        sampled = [[t[-1]] for t in held]
+        lengths: list[list[int]] = [[], []]
+        for step in range(60):
+            tokens = np.zeros((2, 400), np.int64)
+            for i, t in enumerate(held):
+                tokens[i, : len(t)] = t
+            drafts = rows.propose(sampled, np.array([len(t) for t in held]), tokens, 6)
+            time.sleep(0.004 + 0.001 * sum(len(d) + 1 for d in drafts))
+            for i, (text, draft) in enumerate(zip(texts, drafts, strict=True)):
+                pos, accepted = len(held[i]), 0
+                while accepted < len(draft) and text[pos + accepted] == draft[accepted]:
+                    accepted += 1
+                sampled[i] = text[pos : pos + accepted + 1]
+                held[i] = text[: pos + accepted + 1]
+                if step >= 40:
+                    lengths[i].append(len(draft))
+        assert rows.planner is not None and rows.planner.passes > 40
+        assert sum(lengths[0]) / 20 >= 4  # lookup is right on periodic text: long drafts
+        assert sum(lengths[1]) / 20 <= 1  # and wrong on the other: about none
+        rows.close()

@@ -243,12 +243,14 @@ class Card(ImageStoreRequests):
         max_k: int | None = None,
         wire_mode: WireMode = WireMode.TOKENS,
         long_context: bool = False,
+        lookup: bool = False,
     ) -> DraftStream:
         """Open a stream on a built-in engine or a target image (default: the card's first
         engine). Temperature 0 drafts greedily; otherwise the card samples with these
         parameters from a generator seeded with ``seed``. ``long_context`` lets a target
         stream's context outgrow its slot (the card keeps attention sinks and a sliding
-        window; see docs/emulator.md)."""
+        window; see docs/emulator.md). ``lookup``: a target stream drafts by prompt lookup
+        where its text repeats and by the model elsewhere (not with ``long_context``)."""
         if engine is not None and target is not None:
             raise InvalidArgumentError("open a stream on an engine or on a target, not both")
         if target is not None:
@@ -268,7 +270,8 @@ class Card(ImageStoreRequests):
             temperature=temperature,
             top_p=top_p,
             seed=seed,
-            flags=OpenFlags.LONG_CONTEXT if long_context else 0,
+            flags=(OpenFlags.LONG_CONTEXT if long_context else 0)
+            | (OpenFlags.LOOKUP if lookup else 0),
         )
         reply = m.decode_open_reply(self._request(Opcode.OPEN, m.encode_open_request(req)))
         capacity = (1 << 62) if long_context else reply.context

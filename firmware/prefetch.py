@@ -86,5 +86,10 @@ class Prefetcher:
             for (stream, version, branch, _), proposal in zip(group, proposals, strict=True):
                 if stream.version == version:
                     stream.prefetch = PrefetchResult(
-                        version, branch, proposal.tokens, proposal.dists, proposal.prepared
+                        version,
+                        branch,
+                        proposal.tokens,
+                        proposal.dists,
+                        proposal.prepared,
+                        proposal.lookup,
                     )

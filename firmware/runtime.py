@@ -50,6 +50,7 @@ from exstill_sdk.protocol.constants import (
 from exstill_sdk.protocol.frame import CRC, HEADER, seal
 
 from .engines import DraftEngine, LookupEngine, Sampling
+from .engines.hybrid import HybridEngine
 from .flashing import StoreService, transformer_factory
 from .prefetch import Prefetcher
 from .store import Store
@@ -118,6 +119,7 @@ class CardRuntime:
         self.models: dict[str, DraftEngine] = {
             e.name: e for e in (engines if engines is not None else [LookupEngine()])
         }
+        self._hybrids: dict[str, HybridEngine] = {}
         self.telemetry = Telemetry()
         self.prefetcher = Prefetcher(background_prefetch) if prefetch else None
         self._lock = threading.Lock()
@@ -263,7 +265,9 @@ class CardRuntime:
                         [(d.stream.state, d.k + ahead, b"") for _, d in group]
                     )
                     for (i, d), proposal in zip(group, proposals, strict=True):
-                        payload = self._serve(d.stream, d.k, proposal.tokens, proposal.dists)
+                        payload = self._serve(
+                            d.stream, d.k, proposal.tokens, proposal.dists, lookup=proposal.lookup
+                        )
                         out[i] = seal(
                             HEADER.pack(
                                 PROTOCOL_VERSION,
@@ -381,6 +385,19 @@ class CardRuntime:
 
     # ------------------------------------------------------------ streams
 
+    def _with_lookup(self, model: DraftEngine) -> DraftEngine:
+        """The target's model with prompt lookup in front (OpenFlags.LOOKUP), one per model so
+        that its streams draft together."""
+        if model.kind != ModelKind.TARGET:
+            raise InvalidArgumentError(
+                f"{model.name!r} is an engine: LOOKUP is for target streams (open the lookup "
+                "engine itself for lookup alone)"
+            )
+        hybrid = self._hybrids.get(model.name)
+        if hybrid is None or hybrid.model is not model:
+            hybrid = self._hybrids[model.name] = HybridEngine(model)
+        return hybrid
+
     def _open(self, session: Session, handle: int, payload: bytes) -> bytes:
         req = m.decode_open_request(payload)
         model = self.models.get(req.name)
@@ -397,9 +414,11 @@ class CardRuntime:
             raise InvalidArgumentError(
                 f"max K {max_k} exceeds this card's {self.max_k}", ErrorCode.K_OUT_OF_RANGE
             )
-        if req.flags & ~OpenFlags.LONG_CONTEXT:
+        if req.flags & ~(OpenFlags.LONG_CONTEXT | OpenFlags.LOOKUP):
             raise InvalidArgumentError(f"unknown OPEN flags 0x{req.flags:02x}")
         long_context = bool(req.flags & OpenFlags.LONG_CONTEXT)
+        if req.flags & OpenFlags.LOOKUP:
+            model = self._with_lookup(model)
         dist = req.wire_mode == WireMode.DIST
         sampling = Sampling(  # checks the values as the host's SamplingParams does
             req.temperature, req.top_k, req.top_p, req.seed, MAX_DIST_ENTRIES if dist else 0
@@ -513,7 +532,9 @@ class CardRuntime:
         state.extend(committed, hit.prepared if hit is not None else None)
         stream.end_change()
         if hit is not None:
-            return self._serve(stream, next_k, hit.tokens, hit.dists, prefetch_hit=True)
+            return self._serve(
+                stream, next_k, hit.tokens, hit.dists, prefetch_hit=True, lookup=hit.lookup
+            )
         if self._batching and next_k:
             return _Deferred(stream, next_k)  # type: ignore[return-value]
         return self._draft_reply(stream, next_k)
@@ -538,7 +559,7 @@ class CardRuntime:
         proposal = stream.state.propose(ask) if k else None
         if proposal is None:
             return self._serve(stream, 0, b"", None)
-        return self._serve(stream, k, proposal.tokens, proposal.dists)
+        return self._serve(stream, k, proposal.tokens, proposal.dists, lookup=proposal.lookup)
 
     def _serve(
         self,
@@ -547,6 +568,7 @@ class CardRuntime:
         tokens: bytes,
         dists: tuple | None,
         prefetch_hit: bool = False,
+        lookup: bool = False,
     ) -> bytes:
         """Reply with the first k of ``tokens``; a (k+1)-th token is the bonus guess that the
         next prefetch drafts after."""
@@ -560,8 +582,9 @@ class CardRuntime:
             t.draft_tokens += count
         if guess and count == k and self.prefetcher is not None:
             self.prefetcher.submit(stream, draft, guess, k)
+        lookup = lookup and count > 0
         if not stream.dist:
-            return m.draft_reply_payload(prefetch_hit, draft)
+            return m.draft_reply_payload(prefetch_hit, draft, None, lookup)
         if dists is None:  # deterministic draft: each position is one-hot
             dists = tuple(m.Distribution((tok,), (1,)) for tok in m.TOKENS[count].unpack(draft))
-        return m.draft_reply_payload(prefetch_hit, draft, dists[:count])
+        return m.draft_reply_payload(prefetch_hit, draft, dists[:count], lookup)

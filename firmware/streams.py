@@ -27,6 +27,8 @@ class PrefetchResult(NamedTuple):
     dists: tuple | None
     prepared: object
     """The engine's work towards committing ``branch`` (Proposal.prepared)."""
+    lookup: bool = False
+    """Proposal.lookup."""
 
 
 LOCAL, NETWORK, REMOTE = "local", "network", "remote"

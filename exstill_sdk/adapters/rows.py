@@ -28,7 +28,10 @@ the engine's K: the engine's step between two calls is the verification pass, ti
 tokens in it (every row's draft and one more), and each row's acceptance is counted per
 position, so rows whose drafts are seldom accepted draft short or not at all, and a batch that
 already fills the target's arithmetic drafts less (exstill_sdk.speculative.batch_k). Steps that
-also prefilled a request are not timed: they are not what drafting costs.
+also prefilled a request are not timed: they are not what drafting costs. With ``lookup``,
+acceptance is counted apart for the drafts prompt lookup made and those the model made (the
+card says which), and a row's next K is planned as if whoever drafted its last draft drafts
+the next: a repeat goes on for many rounds, and so does text that does not repeat.
 """
 
 from __future__ import annotations
@@ -65,6 +68,14 @@ class _Tracked:
     request: int = 0
     """Which request the stream holds, for the planner's per-request acceptance: a new number
     whenever the stream starts on another request."""
+    lookup: bool = False
+    """Whether prompt lookup drafted the pending draft (Draft.lookup), not the model."""
+
+    def key(self, lookup: bool | None = None) -> int:
+        """The planner's sequence: the request and who drafts (``lookup``, default: who drafted
+        the pending draft), whose acceptance differs (lookup's drafts of a repeat are long and
+        right, the model's shorter)."""
+        return 2 * self.request + (self.lookup if lookup is None else lookup)
 
 
 @dataclass
@@ -89,7 +100,8 @@ class RowStreams:
     ``draft`` names a target image on the card, ``engine`` a built-in engine (used when
     ``draft`` is None). Drafts are greedy token lists (wire mode TOKENS). ``adaptive``: each
     row's K is chosen by a ``BatchK`` (``planner``, made on the first step), up to the engine's
-    K; otherwise every row drafts the engine's K.
+    K; otherwise every row drafts the engine's K. ``lookup``: streams on ``draft`` draft by
+    prompt lookup where their text repeats and by the model elsewhere (OpenFlags.LOOKUP).
     """
 
     def __init__(
@@ -99,8 +111,10 @@ class RowStreams:
         draft: str | None = None,
         engine: str | None = None,
         adaptive: bool = False,
+        lookup: bool = False,
     ) -> None:
         self.card = card
+        self.lookup = lookup
         self.draft_target = draft
         self.engine = engine
         self.adaptive = adaptive
@@ -250,13 +264,13 @@ class RowStreams:
         if planner is None or planner.max_k < k:
             planner = self.planner = BatchK(max_k=k)
         for i, _, accepted, _ in plans:
-            pending = self._rows[i].draft
-            if accepted is not None and pending is not None:
-                planner.observe_round(self._rows[i].request, len(pending), accepted)
+            tracked = self._rows[i]
+            if accepted is not None and tracked.draft is not None:
+                planner.observe_round(tracked.key(), len(tracked.draft), accepted)
         if steady and self._last_step is not None:
             tokens, ended, drafted, other = self._last_step
             planner.observe_pass(tokens, started - ended, drafted, other)
-        ks = planner.choose([self._rows[i].request for i, *_ in plans], [p[3] for p in plans])
+        ks = planner.choose([self._rows[i].key() for i, *_ in plans], [p[3] for p in plans])
         return [(i, ctx, accepted, kk) for (i, ctx, accepted, _), kk in zip(plans, ks, strict=True)]
 
     def close(self) -> None:
@@ -304,7 +318,9 @@ class RowStreams:
             tracked.request = next(self._requests)
             return tracked
         if self.draft_target is not None:
-            stream = self.card.open_stream(target=self.draft_target, wire_mode=WireMode.TOKENS)
+            stream = self.card.open_stream(
+                target=self.draft_target, wire_mode=WireMode.TOKENS, lookup=self.lookup
+            )
         else:
             stream = self.card.open_stream(self.engine, wire_mode=WireMode.TOKENS)
         self.stats.opened += 1
@@ -318,7 +334,9 @@ class RowStreams:
 
     def _forget(self, tracked: _Tracked) -> None:
         if self.planner is not None:
-            self.planner.forget(tracked.request)
+            self.planner.forget(tracked.key(False))
+            self.planner.forget(tracked.key(True))
+        tracked.lookup = False
 
     def _drop(self, row: int, exc: ExstillError) -> None:
         log.warning("row %d goes on without drafts: %s", row, exc)
@@ -347,5 +365,5 @@ class RowStreams:
 
     @staticmethod
     def _record(tracked: _Tracked, ctx: np.ndarray, draft: Draft) -> list[int]:
-        tracked.tokens, tracked.draft = ctx, draft.tokens
+        tracked.tokens, tracked.draft, tracked.lookup = ctx, draft.tokens, draft.lookup
         return list(draft.tokens)

@@ -20,6 +20,10 @@ acceptance and the measured cost of vLLM's step by the tokens in it (RowStreams,
 row whose drafts are seldom accepted drafts short, and a batch whose pass is already bound by
 arithmetic drafts little. ``"k": "fixed"`` drafts ``num_speculative_tokens`` for every row.
 
+With a draft image, rows draft by prompt lookup where their text repeats and by the draft
+model elsewhere (``"lookup": true``, the default; ``"lookup": false`` or ``EXSTILL_LOOKUP=0``
+for the model alone): firmware/engines/hybrid.py.
+
 vLLM verifies every drafted token with its own rejection sampler, so its output is what it would
 be without speculation. vLLM does not tell a proposer which request a row of its batch holds;
 ``RowStreams`` (exstill_sdk.adapters.rows) keeps one card stream per row by content.
@@ -42,6 +46,7 @@ from exstill_sdk.errors import InvalidArgumentError, TokenizerMismatchError, Unk
 URL_ENV = "EXSTILL_CARD_URL"
 DRAFT_ENV = "EXSTILL_DRAFT"
 K_ENV = "EXSTILL_K"
+LOOKUP_ENV = "EXSTILL_LOOKUP"
 DEFAULT_URL = "emu://"
 K_CHOICES = ("adaptive", "fixed")
 
@@ -53,6 +58,8 @@ class ProposerSettings:
     """A target image on the card, or None for the default (module docstring)."""
     adaptive: bool
     """Each row's K chosen up to num_speculative_tokens (True), or always that K."""
+    lookup: bool = True
+    """Prompt lookup in front of the draft model (True), or the model alone."""
 
 
 def card_settings(vllm_config: Any) -> ProposerSettings:
@@ -67,7 +74,15 @@ def card_settings(vllm_config: Any) -> ProposerSettings:
             f"the Exstill proposer's k is {k!r}: use one of {', '.join(K_CHOICES)} "
             f'(additional_config={{"exstill": {{"k": ...}}}} or {K_ENV})'
         )
-    return ProposerSettings(url, draft, k == "adaptive")
+    lookup = ours.get("lookup", os.environ.get(LOOKUP_ENV, "1"))
+    if isinstance(lookup, str):
+        if lookup.lower() not in ("0", "1", "true", "false"):
+            raise InvalidArgumentError(
+                f"the Exstill proposer's lookup is {lookup!r}: use true or false "
+                f"(additional_config) or 1 or 0 ({LOOKUP_ENV})"
+            )
+        lookup = lookup.lower() in ("1", "true")
+    return ProposerSettings(url, draft, k == "adaptive", bool(lookup))
 
 
 def choose_draft(card: Card, draft: str | None, vocab_size: int) -> str | None:
@@ -115,6 +130,7 @@ class ExstillProposer:
                 draft=draft,
                 engine=None if draft else "lookup",
                 adaptive=self.settings.adaptive,
+                lookup=self.settings.lookup and draft is not None,
             )
 
     def propose(

@@ -142,7 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     vl.add_argument("--targets", default="large,small", help="demo targets (default large,small)")
     vl.add_argument("--users", default="1,4,12", help="user counts (default 1,4,12)")
     vl.add_argument(
-        "--k", type=int, default=4, help="num_speculative_tokens of every way (default 4)"
+        "--k",
+        default="4,8",
+        help="num_speculative_tokens: ngram and draft_model run at each, the card's ways at the "
+        "largest (default 4,8)",
     )
     vl.add_argument("--new-tokens", type=int, default=128, help="tokens a request (default 128)")
     vl.add_argument(
@@ -258,12 +261,12 @@ def _main(args: argparse.Namespace) -> int:
         for way in ways:
             if way not in WAY_NAMES:
                 raise UsageError(f"--ways: {way!r} is not one of {', '.join(WAY_NAMES)}")
-        if min(args.k, args.new_tokens, args.prompt_tokens, args.repeats, args.cycles) < 1:
-            raise UsageError("--k, --new-tokens, --prompt-tokens, --repeats, --cycles want 1+")
+        if min(args.new_tokens, args.prompt_tokens, args.repeats, args.cycles) < 1:
+            raise UsageError("--new-tokens, --prompt-tokens, --repeats, --cycles want 1 or more")
         result = vllm_side.run(
             targets=targets,
             users=comma_numbers("--users", args.users),
-            k=args.k,
+            ks=comma_numbers("--k", args.k),
             new_tokens=args.new_tokens,
             prompt_tokens=args.prompt_tokens,
             repeats=args.repeats,

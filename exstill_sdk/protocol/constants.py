@@ -100,12 +100,17 @@ class OpenFlags(IntFlag):
     NONE = 0
     LONG_CONTEXT = 0x01
     """Keep drafting when the context outgrows the slot (attention sinks + sliding window)."""
+    LOOKUP = 0x02
+    """Target streams: draft by prompt lookup where the stream's text repeats, by the model
+    elsewhere (firmware/engines/hybrid.py)."""
 
 
 class DraftFlags(IntFlag):
     NONE = 0
     PREFETCH_HIT = 0x01
     HAS_DIST = 0x02
+    LOOKUP = 0x04
+    """The draft came from prompt lookup (a stream opened with OpenFlags.LOOKUP)."""
 
 
 AUTH_NONCE_SIZE = 32

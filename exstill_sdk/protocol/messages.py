@@ -44,7 +44,10 @@ COMMIT_REQUEST = struct.Struct("<BBI")  # accepted, next_k, bonus
 DRAFT_REPLY_HEAD = struct.Struct("<BB")  # flags, count
 TARGET_FIXED = struct.Struct("<I32s")  # vocab_size, tokenizer_sha256
 COUNTER_VALUE = U64
-_KNOWN_DRAFT_FLAGS = int(DraftFlags.PREFETCH_HIT | DraftFlags.HAS_DIST)
+_KNOWN_DRAFT_FLAGS = int(DraftFlags.PREFETCH_HIT | DraftFlags.HAS_DIST | DraftFlags.LOOKUP)
+_PLAIN_DRAFT_FLAGS = int(DraftFlags.PREFETCH_HIT | DraftFlags.LOOKUP)
+"""Flags of a draft the host reads straight from the frame (no distributions)."""
+_HIT, _LOOKUP = int(DraftFlags.PREFETCH_HIT), int(DraftFlags.LOOKUP)
 
 
 def _bad(what: str) -> ProtocolError:
@@ -217,7 +220,8 @@ class OpenRequest:
     top_k: int = 0
     """0 means no top-k truncation."""
     flags: int = 0
-    """OpenFlags: LONG_CONTEXT keeps drafting past the slot (attention sinks + window)."""
+    """OpenFlags: LONG_CONTEXT keeps drafting past the slot (attention sinks + window); LOOKUP
+    drafts by prompt lookup where the text repeats, by the model elsewhere."""
     temperature: float = 0.0
     """0 means greedy (argmax) drafting."""
     top_p: float = 1.0
@@ -350,6 +354,9 @@ class DraftReply(NamedTuple):
     """True when the card had drafted this ahead while the host verified."""
     dists: tuple[Distribution, ...] | None = None
     """In DIST wire mode, the exact distribution each token was sampled from."""
+    lookup: bool = False
+    """True when prompt lookup drafted it (a stream opened with ``lookup=True``), not the
+    model."""
 
 
 def encode_dist(d: Distribution) -> bytes:
@@ -363,12 +370,15 @@ def encode_dist(d: Distribution) -> bytes:
 
 
 def draft_reply_payload(
-    prefetch_hit: bool, draft: bytes, dists: tuple[Distribution, ...] | None = None
+    prefetch_hit: bool,
+    draft: bytes,
+    dists: tuple[Distribution, ...] | None = None,
+    lookup: bool = False,
 ) -> bytes:
     """A DRAFT or COMMIT reply's payload from the drafted tokens as the card keeps them (u32
     LE bytes): what the card sends every round."""
     n = len(draft) >> 2
-    flags = DraftFlags.PREFETCH_HIT if prefetch_hit else 0
+    flags = (DraftFlags.PREFETCH_HIT if prefetch_hit else 0) | (DraftFlags.LOOKUP if lookup else 0)
     if dists is None:
         return DRAFT_REPLY_HEAD.pack(flags, n) + draft
     if len(dists) != n:
@@ -385,7 +395,7 @@ def encode_draft_reply(m: DraftReply) -> bytes:
         draft = TOKENS[n].pack(*m.tokens)
     except struct.error:
         raise _bad("token ids must be integers in 0..2**32-1") from None
-    return draft_reply_payload(m.prefetch_hit, draft, m.dists)
+    return draft_reply_payload(m.prefetch_hit, draft, m.dists, m.lookup)
 
 
 def parse_draft_reply_frame(frame: bytes) -> DraftReply:
@@ -395,9 +405,10 @@ def parse_draft_reply_frame(frame: bytes) -> DraftReply:
     flags, count = (
         DRAFT_REPLY_HEAD.unpack_from(frame, HEADER_SIZE) if n > FRAME_OVERHEAD else (0, 0)
     )
-    if flags > DraftFlags.PREFETCH_HIT or n != FRAME_OVERHEAD + 2 + 4 * count:
+    if flags & ~_PLAIN_DRAFT_FLAGS or n != FRAME_OVERHEAD + 2 + 4 * count:
         return decode_draft_reply(frame[HEADER_SIZE:-CRC_SIZE])  # dists, odd flags, bad length
-    return DraftReply(TOKENS[count].unpack_from(frame, HEADER_SIZE + 2), bool(flags))
+    tokens = TOKENS[count].unpack_from(frame, HEADER_SIZE + 2)
+    return DraftReply(tokens, bool(flags & _HIT), None, bool(flags & _LOOKUP))
 
 
 # The request frames of a round, header and payload in one precompiled struct each.
@@ -453,7 +464,9 @@ def decode_draft_reply(data: bytes) -> DraftReply:
         pos = r.pos
     if pos != len(data):
         raise _bad(f"{len(data) - pos} unexpected bytes after the draft")
-    return DraftReply(tokens, bool(flags & DraftFlags.PREFETCH_HIT), dists)
+    return DraftReply(
+        tokens, bool(flags & DraftFlags.PREFETCH_HIT), dists, bool(flags & DraftFlags.LOOKUP)
+    )
 
 
 # ---------------------------------------------------------------- ERROR

@@ -97,7 +97,8 @@ DISTRIBUTION = c.Struct(
 DRAFT_REPLY = c.Struct(
     "flags"
     / c.BitStruct(
-        "reserved" / c.Const(0, c.BitsInteger(6)),
+        "reserved" / c.Const(0, c.BitsInteger(5)),
+        "lookup" / c.Flag,
         "has_dist" / c.Flag,
         "prefetch_hit" / c.Flag,
     ),

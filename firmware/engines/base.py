@@ -37,6 +37,9 @@ class Proposal(NamedTuple):
     prepared: object = None
     """When drafting after a ``branch``: engine-private work towards committing exactly that
     branch, handed back to ``extend`` if the host commits it (a prefetch hit)."""
+    lookup: bool = False
+    """Prompt lookup drafted it inside a model's stream (engines/hybrid.py): the reply says so
+    (DraftFlags.LOOKUP)."""
 
 
 class EngineState(ABC):

@@ -167,15 +167,20 @@ def test_proposer_settings_come_from_vllm_config_then_environment(monkeypatch) -
     monkeypatch.setenv("EXSTILL_CARD_URL", "emu://?streams=3")
     monkeypatch.delenv("EXSTILL_DRAFT", raising=False)
     monkeypatch.delenv("EXSTILL_K", raising=False)
+    monkeypatch.delenv("EXSTILL_LOOKUP", raising=False)
     assert card_settings(config()) == ProposerSettings("emu://?streams=3", None, adaptive=True)
-    assert card_settings(config(exstill={"url": "tcp://h:1", "draft": "d", "k": "fixed"})) == (
-        ProposerSettings("tcp://h:1", "d", adaptive=False)
+    chosen = {"url": "tcp://h:1", "draft": "d", "k": "fixed", "lookup": False}
+    assert card_settings(config(exstill=chosen)) == (
+        ProposerSettings("tcp://h:1", "d", adaptive=False, lookup=False)
     )
     monkeypatch.delenv("EXSTILL_CARD_URL")
     monkeypatch.setenv("EXSTILL_K", "fixed")
-    assert card_settings(config()) == ProposerSettings("emu://", None, adaptive=False)
+    monkeypatch.setenv("EXSTILL_LOOKUP", "0")
+    assert card_settings(config()) == ProposerSettings("emu://", None, False, lookup=False)
     with pytest.raises(InvalidArgumentError, match="use one of adaptive, fixed"):
         card_settings(config(exstill={"k": "8"}))
+    with pytest.raises(InvalidArgumentError, match="use true or false"):
+        card_settings(config(exstill={"lookup": "maybe"}))
 
 
 def test_proposer_drafts_with_the_cards_image_and_checks_the_vocabulary() -> None:

@@ -25,6 +25,8 @@ def test_smallest_configuration_is_exact_for_every_way() -> None:
             "small",
             "--users",
             "1",
+            "--k",
+            "4",
             "--new-tokens",
             "32",
             "--repeats",
@@ -39,21 +41,21 @@ def test_smallest_configuration_is_exact_for_every_way() -> None:
     result = json.loads(out.stdout)
     ways = result["targets"]["small"]["ways"]
     assert set(ways) == {
-        "alone", "alone_2_cores", "ngram", "draft_model", "draft_model_2_cores", "card",
-        "card_fixed_k",
+        "alone", "alone_2_cores", "ngram_k4", "draft_model_k4", "draft_model_2_cores", "card",
+        "card_fixed_k", "card_model_only",
     }  # fmt: skip
     for name, way in ways.items():
         row = way["users"]["1"]
         assert row["identical"], name
         assert row["tokens_per_s"] > 0
     assert result["checks"]["identical"] is True
-    # The card and vLLM's draft_model draft with the same weights (onnxruntime there, torch
-    # here): with every row drafting K they accept about the same tokens.
-    card, draft = ways["card_fixed_k"]["users"]["1"], ways["draft_model"]["users"]["1"]
+    # The card's draft model and vLLM's draft_model are the same weights (onnxruntime on the
+    # card, torch in vLLM): their first drafted tokens are accepted about as often (later
+    # positions differ: the card drafts as many as pay, draft_model always K).
+    card, draft = ways["card_model_only"]["users"]["1"], ways["draft_model_k4"]["users"]["1"]
     assert card["mean_acceptance_length"] > 1.5
-    for a, b in zip(card["acceptance_per_position"], draft["acceptance_per_position"], strict=True):
-        assert abs(a - b) <= 0.1
-    assert ways["draft_model"]["users"]["1"]["draft_ms_per_step"] > 0
+    assert abs(card["acceptance_per_position"][0] - draft["acceptance_per_position"][0]) <= 0.1
+    assert draft["draft_ms_per_step"] > 0
     assert "mean_acceptance_length" not in ways["alone"]["users"]["1"]
 
 

@@ -48,7 +48,7 @@ def draft_replies(draw: st.DrawFn) -> m.DraftReply:
     dists = None
     if draw(st.booleans()):
         dists = tuple(draw(distributions()) for _ in tokens)
-    return m.DraftReply(tokens, draw(st.booleans()), dists)
+    return m.DraftReply(tokens, draw(st.booleans()), dists, draw(st.booleans()))
 
 
 errors = st.builds(m.ErrorReply, u16, st.text(max_size=50).filter(lambda s: len(s.encode()) <= 200))

@@ -37,7 +37,12 @@ def _hello_reply_dict(r: m.HelloReply) -> dict:
 
 def _draft_dict(r: m.DraftReply) -> dict:
     return {
-        "flags": {"reserved": 0, "has_dist": r.dists is not None, "prefetch_hit": r.prefetch_hit},
+        "flags": {
+            "reserved": 0,
+            "lookup": r.lookup,
+            "has_dist": r.dists is not None,
+            "prefetch_hit": r.prefetch_hit,
+        },
         "count": len(r.tokens),
         "tokens": list(r.tokens),
         "dists": None
@@ -239,7 +244,7 @@ def test_the_draft_frame_the_host_sends_is_the_formal_one(rid: int, handle: int,
 @given(draft_replies())
 def test_the_draft_reply_the_card_sends_is_the_formal_one(reply: m.DraftReply) -> None:
     draft = b"".join(t.to_bytes(4, "little") for t in reply.tokens)  # as the card keeps it
-    raw = m.draft_reply_payload(reply.prefetch_hit, draft, reply.dists)
+    raw = m.draft_reply_payload(reply.prefetch_hit, draft, reply.dists, reply.lookup)
     assert raw == schema.DRAFT_REPLY.build(_draft_dict(reply))
     frame = encode_frame(Opcode.COMMIT | RESPONSE_BIT, 1, 2, raw)
     assert m.parse_draft_reply_frame(frame) == reply  # what the host reads back

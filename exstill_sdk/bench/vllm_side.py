@@ -11,9 +11,10 @@ environment this runs in) in one engine process per way:
   shares the target's device, which is what the seed says slows the target; and
   ``draft_model_2_cores``, the same with both cores, the silicon the card's way has in all;
 - ``card``: ``ExstillProposer`` with the emulated card (``exstill-emu`` with the demo draft) in
-  its own process on the other core, drafting by prompt lookup where a row's text repeats and
-  by the draft model elsewhere, each row's K chosen up to K (the proposer's defaults);
-  ``card_fixed_k``, every row drafting K; ``card_model_only``, the draft model without lookup.
+  its own process on the other core, with the proposer's defaults: prompt lookup where a row's
+  text repeats and the draft model elsewhere, every row drafting K; ``card_adaptive_k``, each
+  row's K chosen up to K; ``card_model_only``, the draft model alone (the same draft as
+  ``draft_model``, off the target's device).
 
 Every way serves the same held-out prompts at each load, U at a time (bench/vllm_engine.py),
 greedy, in float32 (the pair's precision; vLLM would run an f32 checkpoint in bf16, whose
@@ -73,9 +74,9 @@ WAYS = (
     Way("ngram", "ngram"),
     Way("draft_model", "draft_model"),
     Way("draft_model_2_cores", "draft_model", 2),
-    Way("card", "card", exstill={"k": "adaptive"}),
-    Way("card_fixed_k", "card", exstill={"k": "fixed"}),
-    Way("card_model_only", "card", exstill={"k": "adaptive", "lookup": "false"}),
+    Way("card", "card"),
+    Way("card_adaptive_k", "card", exstill={"k": "adaptive"}),
+    Way("card_model_only", "card", exstill={"lookup": "false"}),
 )
 WAY_NAMES = tuple(w.name for w in WAYS)
 PER_K = ("ngram", "draft_model")

@@ -168,15 +168,15 @@ def test_proposer_settings_come_from_vllm_config_then_environment(monkeypatch) -
     monkeypatch.delenv("EXSTILL_DRAFT", raising=False)
     monkeypatch.delenv("EXSTILL_K", raising=False)
     monkeypatch.delenv("EXSTILL_LOOKUP", raising=False)
-    assert card_settings(config()) == ProposerSettings("emu://?streams=3", None, adaptive=True)
-    chosen = {"url": "tcp://h:1", "draft": "d", "k": "fixed", "lookup": False}
+    assert card_settings(config()) == ProposerSettings("emu://?streams=3", None, adaptive=False)
+    chosen = {"url": "tcp://h:1", "draft": "d", "k": "adaptive", "lookup": False}
     assert card_settings(config(exstill=chosen)) == (
-        ProposerSettings("tcp://h:1", "d", adaptive=False, lookup=False)
+        ProposerSettings("tcp://h:1", "d", adaptive=True, lookup=False)
     )
     monkeypatch.delenv("EXSTILL_CARD_URL")
-    monkeypatch.setenv("EXSTILL_K", "fixed")
+    monkeypatch.setenv("EXSTILL_K", "adaptive")
     monkeypatch.setenv("EXSTILL_LOOKUP", "0")
-    assert card_settings(config()) == ProposerSettings("emu://", None, False, lookup=False)
+    assert card_settings(config()) == ProposerSettings("emu://", None, True, lookup=False)
     with pytest.raises(InvalidArgumentError, match="use one of adaptive, fixed"):
         card_settings(config(exstill={"k": "8"}))
     with pytest.raises(InvalidArgumentError, match="use true or false"):

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exstill_sdk.card import Card, Draft, DraftStream
-from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError
+from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError, InvalidArgumentError
 from exstill_sdk.protocol.constants import WireMode
 from exstill_sdk.speculative.batch_k import BatchK
 from exstill_sdk.support.tokens import common_prefix, continues
@@ -101,7 +101,11 @@ class RowStreams:
     ``draft`` is None). Drafts are greedy token lists (wire mode TOKENS). ``adaptive``: each
     row's K is chosen by a ``BatchK`` (``planner``, made on the first step), up to the engine's
     K; otherwise every row drafts the engine's K. ``lookup``: streams on ``draft`` draft by
-    prompt lookup where their text repeats and by the model elsewhere (OpenFlags.LOOKUP).
+    prompt lookup where their text repeats and by the model elsewhere (OpenFlags.LOOKUP); then
+    ``model_k`` (1 or more, None for no limit) caps the draft of a row whose last draft was the
+    model's: lookup's drafts cost the card nothing and are mostly right, the model's later
+    tokens seldom are, and in a pass bound by arithmetic each drafted token costs as much as a
+    plain one.
     """
 
     def __init__(
@@ -112,9 +116,15 @@ class RowStreams:
         engine: str | None = None,
         adaptive: bool = False,
         lookup: bool = False,
+        model_k: int | None = None,
     ) -> None:
+        if model_k is not None and model_k < 1:
+            raise InvalidArgumentError(
+                f"model_k is {model_k}: 1 or more (a row that never drafts never finds a repeat)"
+            )
         self.card = card
         self.lookup = lookup
+        self.model_k = model_k if lookup else None
         self.draft_target = draft
         self.engine = engine
         self.adaptive = adaptive
@@ -199,6 +209,8 @@ class RowStreams:
                 continue
             limit = k if max_length is None else min(k, max_length - len(ctx))
             limit = max(0, min(limit, tracked.stream.capacity - len(ctx) - 1))  # bonus room
+            if self.model_k is not None and not tracked.lookup:
+                limit = min(limit, self.model_k)
             plans.append((i, ctx, self._one_round_on(tracked, ctx), limit))
         # A step that held a prompt (a row in prefill, or just out of it) is not what drafting
         # costs.

@@ -169,6 +169,9 @@ def test_proposer_settings_come_from_vllm_config_then_environment(monkeypatch) -
     monkeypatch.delenv("EXSTILL_K", raising=False)
     monkeypatch.delenv("EXSTILL_LOOKUP", raising=False)
     assert card_settings(config()) == ProposerSettings("emu://?streams=3", None, adaptive=False)
+    assert card_settings(config(exstill={"model_k": 0})).model_k is None  # no cap
+    with pytest.raises(InvalidArgumentError, match="a whole number"):
+        card_settings(config(exstill={"model_k": "two"}))
     chosen = {"url": "tcp://h:1", "draft": "d", "k": "adaptive", "lookup": False}
     assert card_settings(config(exstill=chosen)) == (
         ProposerSettings("tcp://h:1", "d", adaptive=True, lookup=False)
@@ -192,7 +195,7 @@ def test_proposer_drafts_with_the_cards_image_and_checks_the_vocabulary() -> Non
     assert proposer.rows is not None and proposer.rows.draft_target == "demo-draft"
     ctx = np.array([reference(0)[:20]])
     drafts = proposer.propose([[ctx[0, -1]]], np.array([20]), ctx)
-    assert len(drafts) == 1 and len(drafts[0]) == 3
+    assert len(drafts) == 1 and len(drafts[0]) == 2  # a model draft: model_k caps it
     proposer.close()
     with open_card(url) as card:
         with pytest.raises(UnknownModelError, match="no target 'nope'"):
@@ -304,3 +307,24 @@ def test_adaptive_rows_draft_what_pays_for_itself() -> None:
         assert sum(lengths[0]) / 20 >= 4  # lookup is right on periodic text: long drafts
         assert sum(lengths[1]) / 20 <= 1  # and wrong on the other: about none
         rows.close()
+
+
+def test_with_lookup_the_models_drafts_are_capped_and_lookups_are_not() -> None:
+    from exstill_sdk.demo import DRAFT_TARGET, emulator_url
+
+    repeating = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    fresh = [40, 41, 300, 42, 43, 301, 44, 45]
+    with open_card(emulator_url()) as card:
+        rows = RowStreams(card, draft=DRAFT_TARGET, lookup=True, model_k=2)
+        tokens = np.zeros((2, 64), np.int64)
+        tokens[0, :24], tokens[1, :8] = repeating, fresh
+        first = rows.propose([[12], [45]], np.array([24, 8]), tokens, 6)
+        assert [len(d) for d in first] == [2, 2]  # new rows: as if the model drafts
+        assert first[0] == [5, 6]  # but lookup did, so next time the row drafts K
+        tokens[0, 24:27] = [5, 6, 7]
+        tokens[1, 8] = 99  # the model's draft rejected
+        second = rows.propose([[5, 6, 7], [99]], np.array([27, 9]), tokens, 6)
+        assert second[0] == [8, 9, 10, 11, 12, 5] and len(second[1]) == 2
+        rows.close()
+    with pytest.raises(InvalidArgumentError, match="1 or more"):
+        RowStreams(card, draft=DRAFT_TARGET, lookup=True, model_k=0)

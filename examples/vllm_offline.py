@@ -41,6 +41,7 @@ def run_vllm(args: argparse.Namespace, prompts: list[Any], speculative: bool) ->
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=True,
+        dtype=args.dtype,
         disable_log_stats=False,
         seed=0,
         **kwargs,
@@ -82,6 +83,12 @@ def main() -> None:
     )
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="vLLM's dtype (default float32: vLLM would run an f32 checkpoint in bf16, whose "
+        "greedy output changes with the batch's shape, drafts or no drafts)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args()
     if importlib.util.find_spec("vllm") is None:

@@ -256,10 +256,10 @@ class RowStreams:
             self.stats.commits += 1
             self.stats.prefetch_hits += draft.prefetch_hit
             out[i] = self._record(tracked, ctx, draft)
-        ended = time.perf_counter()
-        drafted = sum(len(d) for d in out) if only_commits else None
-        pass_tokens = sum(len(d) + 1 for d in out)
-        self._last_step = (pass_tokens, ended, drafted, ended - started)
+        if self.adaptive:  # what the planner times the next step by
+            ended = time.perf_counter()
+            drafted = sum(len(d) for d in out) if only_commits else None
+            self._last_step = (sum(len(d) + 1 for d in out), ended, drafted, ended - started)
         return out
 
     def _plan(

@@ -74,16 +74,16 @@ class HybridEngine(DraftEngine):
     def propose_many(self, jobs: Sequence[tuple[EngineState, int, bytes]]) -> list[Proposal]:
         """Lookup's draft for the streams whose text repeats; the model drafts the others
         together."""
-        out: list[Proposal | None] = []
+        out: list[Proposal] = []
         rest: list[tuple[int, tuple[EngineState, int, bytes]]] = []
         for i, (state, k, branch) in enumerate(jobs):
             assert isinstance(state, HybridState)
             found = state.lookup.propose(k, branch) if k else Proposal(b"")
-            out.append(Proposal(found.tokens, lookup=True) if found.tokens else None)
+            out.append(Proposal(found.tokens, lookup=True) if found.tokens else found)
             if not found.tokens:
                 rest.append((i, (state.model, k, branch)))
         if rest:
             drafted = self.model.propose_many([job for _, job in rest])
             for (i, _), proposal in zip(rest, drafted, strict=True):
                 out[i] = proposal
-        return [p if p is not None else Proposal(b"") for p in out]
+        return out

@@ -45,6 +45,7 @@ from typing import Any
 
 from exstill_sdk.bench.card_process import emulator_process, split_cores
 from exstill_sdk.bench.demo_setup import user_prompts
+from exstill_sdk.bench.speedup import Spread
 from exstill_sdk.demo import demo_dir, demo_target, emulator_args
 from exstill_sdk.demo.targets import cache_dir
 from exstill_sdk.errors import ExstillError, InvalidArgumentError
@@ -227,10 +228,7 @@ def _summarise(
     results: dict[str, list[dict[str, Any]]], users: Sequence[int]
 ) -> dict[str, dict[str, Any]]:
     """Per way and load: the figures of the module's docstring."""
-    baseline = {
-        u: [run for engine in results["alone"] for run in engine["rows"][i]["runs"]]
-        for i, u in enumerate(users)
-    }
+    baseline = {u: _runs(results["alone"], i) for i, u in enumerate(users)}
     alone_rate = {
         u: statistics.median(r["decode_tokens_per_s"] for r in baseline[u]) for u in users
     }
@@ -238,13 +236,12 @@ def _summarise(
     for name, engines in results.items():
         rows = {}
         for i, u in enumerate(users):
-            runs = [run for engine in engines for run in engine["rows"][i]["runs"]]
-            rates = [r["decode_tokens_per_s"] for r in runs]
-            rate = statistics.median(rates)
+            runs = _runs(engines, i)
+            rate = Spread.of([r["decode_tokens_per_s"] for r in runs])
             row: dict[str, Any] = {
-                "tokens_per_s": round(rate, 1),
-                "range": [round(min(rates), 1), round(max(rates), 1)],
-                "speedup": round(rate / alone_rate[u], 3),
+                "tokens_per_s": round(rate.median, 1),
+                "range": [round(rate.low, 1), round(rate.high, 1)],
+                "speedup": round(rate.median / alone_rate[u], 3),
                 "overall_tokens_per_s": round(
                     statistics.median(r["overall_tokens_per_s"] for r in runs), 1
                 ),
@@ -277,6 +274,11 @@ def _summarise(
             "users": rows,
         }
     return out
+
+
+def _runs(engines: list[dict[str, Any]], load: int) -> list[dict[str, Any]]:
+    """Every timed run of the ``load``-th user count, over a way's engine processes."""
+    return [run for engine in engines for run in engine["rows"][load]["runs"]]
 
 
 def _acceptance(runs: list[dict[str, Any]]) -> dict[str, Any]:

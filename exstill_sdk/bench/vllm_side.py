@@ -12,9 +12,9 @@ environment this runs in) in one engine process per way:
   ``draft_model_2_cores``, the same with both cores, the silicon the card's way has in all;
 - ``card``: ``ExstillProposer`` with the emulated card (``exstill-emu`` with the demo draft) in
   its own process on the other core, with the proposer's defaults: prompt lookup where a row's
-  text repeats and the draft model elsewhere, every row drafting K; ``card_adaptive_k``, each
-  row's K chosen up to K; ``card_model_only``, the draft model alone (the same draft as
-  ``draft_model``, off the target's device).
+  text repeats, drafting K, and the draft model elsewhere, drafting at most ``model_k``;
+  ``card_adaptive_k``, each row's K chosen up to K; ``card_model_only``, the draft model alone
+  (the same draft as ``draft_model``, off the target's device).
 
 Every way serves the same held-out prompts at each load, U at a time (bench/vllm_engine.py),
 greedy, in float32 (the pair's precision; vLLM would run an f32 checkpoint in bf16, whose
@@ -38,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from exstill_sdk.bench.card_process import emulator_process, split_cores
 from exstill_sdk.bench.demo_setup import user_prompts
 from exstill_sdk.bench.speedup import Spread
 from exstill_sdk.demo import demo_dir, demo_target, emulator_args
-from exstill_sdk.demo.targets import cache_dir
+from exstill_sdk.demo.targets import TARGETS, cache_dir
 from exstill_sdk.errors import ExstillError, InvalidArgumentError
 
 VLLM_VERSION = "0.32.0"
@@ -144,7 +144,7 @@ def _engine(job: dict[str, Any], cpus: set[int] | None) -> dict[str, Any]:
 
 
 def run(
-    targets: Sequence[str] = ("large", "small"),
+    targets: Sequence[str] = TARGETS,
     users: Sequence[int] = (1, 4, 12),
     ks: Sequence[int] = (4, 8),
     new_tokens: int = 128,
@@ -154,7 +154,7 @@ def run(
     warm_up_tokens: int = 32,
     prompts: int | None = None,
     ways: Sequence[str] = WAY_NAMES,
-    progress: Callable[[str], None] | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     import importlib.util
 
@@ -189,7 +189,11 @@ def run(
             for cycle in range(cycles):
                 for label, way, k in chosen if cycle % 2 == 0 else chosen[::-1]:
                     if progress:
-                        progress(f"{name} target: {label} (cycle {cycle + 1} of {cycles})")
+                        print(
+                            f"{name} target: {label} (cycle {cycle + 1} of {cycles})",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     job = {
                         "model": str(model_dir),
                         "method": way.method,

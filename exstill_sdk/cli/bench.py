@@ -17,6 +17,7 @@ from exstill_sdk.cli.support import (
     print_result,
     run,
 )
+from exstill_sdk.demo.targets import TARGETS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,10 +185,6 @@ def _sizes(text: str) -> tuple[str, ...]:
     return sizes
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run("exstill-bench", args.json, lambda: _main(args))
@@ -256,8 +253,8 @@ def _main(args: argparse.Namespace) -> int:
         targets = tuple(t.strip() for t in args.targets.split(","))
         ways = WAY_NAMES if args.ways == "all" else tuple(w.strip() for w in args.ways.split(","))
         for name in targets:
-            if name not in ("small", "large"):
-                raise UsageError(f"--targets: {name!r} is not small or large")
+            if name not in TARGETS:
+                raise UsageError(f"--targets: {name!r} is not one of {', '.join(TARGETS)}")
         for way in ways:
             if way not in WAY_NAMES:
                 raise UsageError(f"--ways: {way!r} is not one of {', '.join(WAY_NAMES)}")
@@ -272,7 +269,7 @@ def _main(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             cycles=args.cycles,
             ways=ways,
-            progress=_progress if not args.json and sys.stderr.isatty() else None,
+            progress=not args.json and sys.stderr.isatty(),
         )
         print_result(result, args.json, lambda: vllm_side.table(result))
         return EXIT_OK

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from queue import Empty, SimpleQueue
 
+from .engines.base import propose_grouped
 from .streams import PrefetchResult, Stream
 
 Job = tuple[Stream, int, bytes, int]
@@ -72,24 +73,16 @@ class Prefetcher:
     @staticmethod
     def _draft_ahead(jobs: list[Job]) -> None:
         """Draft k+1 tokens after each job's branch, one batch per engine."""
-        by_engine: dict[int, list[Job]] = {}
-        for job in jobs:
-            stream, version = job[0], job[1]
-            if stream.version == version and not stream.closed:
-                by_engine.setdefault(id(stream.engine), []).append(job)
-        for group in by_engine.values():
-            engine = group[0][0].engine
-            try:
-                proposals = engine.propose_many([(s.state, k + 1, b) for s, _, b, k in group])
-            except Exception:  # state changed under us; the version check discards it anyway
-                continue
-            for (stream, version, branch, _), proposal in zip(group, proposals, strict=True):
-                if stream.version == version:
-                    stream.prefetch = PrefetchResult(
-                        version,
-                        branch,
-                        proposal.tokens,
-                        proposal.dists,
-                        proposal.prepared,
-                        proposal.lookup,
-                    )
+        live = [job for job in jobs if job[0].version == job[1] and not job[0].closed]
+        proposals = propose_grouped([(s.engine, s.state, k + 1, b) for s, _, b, k in live])
+        for (stream, version, branch, _), proposal in zip(live, proposals, strict=True):
+            # an engine that failed: the state changed under it; no draft ahead then
+            if stream.version == version and not isinstance(proposal, Exception):
+                stream.prefetch = PrefetchResult(
+                    version,
+                    branch,
+                    proposal.tokens,
+                    proposal.dists,
+                    proposal.prepared,
+                    proposal.lookup,
+                )

@@ -1,5 +1,9 @@
 """The card runtime: frames in, frames out, for any number of client sessions.
 
+This module is the dispatcher: frame checks, sessions and the handshake, authentication,
+telemetry of frames, one reply sealer; every request on a stream is the stream service's
+(stream_service.py).
+
 ``CardRuntime.handle(session, frame)`` is the whole interface a transport needs: it parses and
 checks one frame and returns the reply frame, or None when the frame must be dropped (bad CRC,
 bad length: its request id cannot be trusted). Every other kind of bad input gets an ERROR
@@ -15,18 +19,15 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 from zlib import crc32
-
-import numpy as np
 
 from exstill_sdk.auth import answer
 from exstill_sdk.errors import (
-    ContextFullError,
     ExstillError,
     InvalidArgumentError,
     NotAuthorizedError,
     ProtocolError,
-    UnknownModelError,
 )
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import (
@@ -35,7 +36,6 @@ from exstill_sdk.protocol.constants import (
     CRC_SIZE,
     FRAME_OVERHEAD,
     HEADER_SIZE,
-    MAX_DIST_ENTRIES,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     RESPONSE_BIT,
@@ -44,17 +44,16 @@ from exstill_sdk.protocol.constants import (
     Features,
     ModelKind,
     Opcode,
-    OpenFlags,
     WireMode,
 )
-from exstill_sdk.protocol.frame import CRC, HEADER, seal
+from exstill_sdk.protocol.frame import CRC, HEADER, pack_frame
 
-from .engines import DraftEngine, LookupEngine, Sampling
-from .engines.hybrid import HybridEngine
+from .engines import DraftEngine, LookupEngine
 from .flashing import StoreService, transformer_factory
 from .prefetch import Prefetcher
 from .store import Store
-from .streams import LOCAL, NETWORK, REMOTE, Session, Stream, StreamTable
+from .stream_service import Deferred, StreamService
+from .streams import LOCAL, NETWORK, REMOTE, Session, StreamTable
 from .telemetry import Telemetry
 from .version import __version__
 
@@ -65,7 +64,8 @@ DEFAULT_CONTEXT = 16384
 DEFAULT_MAX_K = 16
 MAX_K_LIMIT = 64
 
-Handler = Callable[[Session, int, bytes], bytes]
+Handler = Callable[[Session, int, bytes], "bytes | Deferred"]
+"""A request's handler: the reply payload, or a COMMIT's deferred draft (stream_service.py)."""
 _GUARDED = {
     NETWORK: ADMIN_OPCODES,
     REMOTE: frozenset(Opcode) - {Opcode.HELLO, Opcode.PING, Opcode.AUTH_CHALLENGE, Opcode.AUTH},
@@ -78,15 +78,12 @@ _NEEDS_HANDSHAKE = frozenset(
 """Requests a session may make only after its HELLO."""
 
 
-class _Deferred:
-    """A COMMIT whose draft ahead missed, its draft made with the others of the same read
-    (``CardRuntime.handle_many``): one batched step per drafted position for all of them."""
+class _Waiting(NamedTuple):
+    """A COMMIT of one read served but for its draft: where its reply goes."""
 
-    __slots__ = ("handle", "k", "rid", "stream")
-
-    def __init__(self, stream: Stream, k: int) -> None:
-        self.stream, self.k = stream, k
-        self.rid = self.handle = 0
+    commit: Deferred
+    rid: int
+    handle: int
 
 
 class CardRuntime:
@@ -119,26 +116,29 @@ class CardRuntime:
         self.models: dict[str, DraftEngine] = {
             e.name: e for e in (engines if engines is not None else [LookupEngine()])
         }
-        self._hybrids: dict[str, HybridEngine] = {}
         self.telemetry = Telemetry()
         self.prefetcher = Prefetcher(background_prefetch) if prefetch else None
+        self.stream_service = StreamService(
+            self.streams, self.models, self.telemetry, self.prefetcher, context, max_k
+        )
         self._lock = threading.Lock()
         self._batching = False
-        """Inside handle_many: COMMITs that need a fresh draft defer it (``_Deferred``)."""
-        self._handlers: dict[int, Callable[[Session, int, bytes], bytes]] = {
+        """Inside handle_many: COMMITs that need a fresh draft defer it (``Deferred``)."""
+        service = self.stream_service
+        self._handlers: dict[int, Handler] = {
             Opcode.HELLO: self._hello,
             Opcode.PING: self._ping,
             Opcode.STATS: self._stats,
-            Opcode.OPEN: self._open,
-            Opcode.CLOSE: self._close,
-            Opcode.PREFILL: self._prefill,
-            Opcode.DRAFT: self._draft,
+            Opcode.AUTH_CHALLENGE: self._auth_challenge,
+            Opcode.AUTH: self._auth,
+            Opcode.OPEN: service.open,
+            Opcode.CLOSE: service.close,
+            Opcode.PREFILL: service.prefill,
+            Opcode.DRAFT: service.draft,
             Opcode.COMMIT: self._commit,
-            Opcode.ROLLBACK: self._rollback,
+            Opcode.ROLLBACK: service.rollback,
         }
         self.admin_key = admin_key
-        self._handlers[Opcode.AUTH_CHALLENGE] = self._auth_challenge
-        self._handlers[Opcode.AUTH] = self._auth
         self.store = None
         if store is not None:
             self.store = StoreService(
@@ -165,10 +165,17 @@ class CardRuntime:
     def shutdown(self) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
-            self.prefetcher = None
+            self.prefetcher = self.stream_service.prefetcher = None
 
     def handle(self, session: Session, frame: bytes) -> bytes | None:
         """Serve one frame; the reply frame, or None if the frame is dropped."""
+        reply = self._serve_frame(session, frame)
+        assert not isinstance(reply, _Waiting)  # drafts are deferred inside handle_many only
+        return reply
+
+    def _serve_frame(self, session: Session, frame: bytes) -> bytes | _Waiting | None:
+        """Serve one frame: its reply frame, None when it is dropped, or (inside
+        ``handle_many``) a COMMIT waiting for its draft."""
         n = len(frame)
         t = self.telemetry
         if n < FRAME_OVERHEAD or n > FRAME_OVERHEAD + MAX_PAYLOAD:
@@ -211,20 +218,16 @@ class CardRuntime:
             except Exception as exc:  # a runtime bug must not take the card down
                 log.exception("internal error serving opcode 0x%02x", op)
                 return self._error(rid, handle, ErrorCode.INTERNAL, f"internal error: {exc}")
-            if payload.__class__ is _Deferred:
-                payload.rid, payload.handle = rid, handle  # type: ignore[attr-defined]
-                return payload  # type: ignore[return-value]
-            return seal(
-                HEADER.pack(PROTOCOL_VERSION, op | RESPONSE_BIT, rid, handle, len(payload))
-                + payload
-            )
+            if isinstance(payload, Deferred):
+                return _Waiting(payload, rid, handle)
+            return pack_frame(op | RESPONSE_BIT, rid, handle, payload)
 
     def handle_many(self, session: Session, frames: Iterable[bytes]) -> list[bytes]:
         """Serve the frames of one read in order; their replies (a dropped frame has none).
         The COMMITs among them whose draft ahead missed are drafted together, one batched
         step per position for all their streams, instead of one stream after another: a host
         that sends a batch's rounds at once waits for one draft, not one per stream."""
-        out: list[bytes | _Deferred | None] = []
+        out: list[bytes | _Waiting | None] = []
         waiting: set[int] = set()  # handles with a deferred draft
         self._batching = True
         try:
@@ -232,15 +235,15 @@ class CardRuntime:
                 if waiting and not self._joins_batch(frame, waiting):
                     self._draft_deferred(out)
                     waiting.clear()
-                reply = self.handle(session, frame)
-                if reply.__class__ is _Deferred:
-                    waiting.add(reply.handle)  # type: ignore[union-attr]
+                reply = self._serve_frame(session, frame)
+                if isinstance(reply, _Waiting):
+                    waiting.add(reply.handle)
                 out.append(reply)
         finally:
             self._batching = False
         if waiting:
             self._draft_deferred(out)
-        return [r for r in out if r is not None]  # type: ignore[misc]
+        return [r for r in out if isinstance(r, bytes)]
 
     @staticmethod
     def _joins_batch(frame: bytes, waiting: set[int]) -> bool:
@@ -249,44 +252,25 @@ class CardRuntime:
             return False
         return HEADER.unpack_from(frame)[3] not in waiting
 
-    def _draft_deferred(self, out: list[bytes | _Deferred | None]) -> None:
-        """Make every deferred draft in ``out``, batched per engine, and put the replies in
-        their places."""
-        jobs = [(i, d) for i, d in enumerate(out) if d.__class__ is _Deferred]
-        ahead = self.prefetcher is not None  # one more token: the bonus guess
+    def _commit(self, session: Session, handle: int, payload: bytes) -> bytes | Deferred:
+        return self.stream_service.commit(session, handle, payload, defer=self._batching)
+
+    def _draft_deferred(self, out: list[bytes | _Waiting | None]) -> None:
+        """Make every deferred draft in ``out`` (stream_service.draft_deferred) and put the
+        sealed replies in their places."""
+        places = [(i, w) for i, w in enumerate(out) if isinstance(w, _Waiting)]
         with self._lock:
-            by_engine: dict[int, list[tuple[int, _Deferred]]] = {}
-            for i, d in jobs:
-                by_engine.setdefault(id(d.stream.engine), []).append((i, d))  # type: ignore[union-attr]
-            for group in by_engine.values():
-                engine = group[0][1].stream.engine
-                try:
-                    proposals = engine.propose_many(
-                        [(d.stream.state, d.k + ahead, b"") for _, d in group]
-                    )
-                    for (i, d), proposal in zip(group, proposals, strict=True):
-                        payload = self._serve(
-                            d.stream, d.k, proposal.tokens, proposal.dists, lookup=proposal.lookup
-                        )
-                        out[i] = seal(
-                            HEADER.pack(
-                                PROTOCOL_VERSION,
-                                Opcode.COMMIT | RESPONSE_BIT,
-                                d.rid,
-                                d.handle,
-                                len(payload),
-                            )
-                            + payload
-                        )
-                except ExstillError as exc:
-                    for i, d in group:
-                        out[i] = self._error(d.rid, d.handle, exc.code, exc.message)
-                except Exception as exc:  # a runtime bug must not take the card down
-                    log.exception("internal error drafting a batch of rounds")
-                    for i, d in group:
-                        out[i] = self._error(
-                            d.rid, d.handle, ErrorCode.INTERNAL, f"internal error: {exc}"
-                        )
+            payloads = self.stream_service.draft_deferred([w.commit for _, w in places])
+        for (i, w), payload in zip(places, payloads, strict=True):
+            if isinstance(payload, bytes):
+                out[i] = pack_frame(Opcode.COMMIT | RESPONSE_BIT, w.rid, w.handle, payload)
+            elif isinstance(payload, ExstillError):
+                out[i] = self._error(w.rid, w.handle, payload.code, payload.message)
+            else:  # a runtime bug must not take the card down
+                log.error("internal error drafting a batch of rounds", exc_info=payload)
+                out[i] = self._error(
+                    w.rid, w.handle, ErrorCode.INTERNAL, f"internal error: {payload}"
+                )
 
     def _refusal(self, op: int, session: Session) -> str:
         what = "administration" if op in ADMIN_OPCODES else "a request from another host"
@@ -332,9 +316,8 @@ class CardRuntime:
     def _error(self, rid: int, handle: int, code: int, message: str) -> bytes:
         if code in self.telemetry.errors:
             self.telemetry.errors[code] += 1
-        payload = m.encode_error_reply(m.ErrorReply(code, message))
-        return seal(
-            HEADER.pack(PROTOCOL_VERSION, Opcode.ERROR, rid, handle, len(payload)) + payload
+        return pack_frame(
+            Opcode.ERROR, rid, handle, m.encode_error_reply(m.ErrorReply(code, message))
         )
 
     # ------------------------------------------------------------ control
@@ -382,209 +365,3 @@ class CardRuntime:
         if payload:
             raise ProtocolError("STATS takes no payload")
         return m.encode_stats_reply(self.telemetry.snapshot(self.streams.open_count))
-
-    # ------------------------------------------------------------ streams
-
-    def _with_lookup(self, model: DraftEngine) -> DraftEngine:
-        """The target's model with prompt lookup in front (OpenFlags.LOOKUP), one per model so
-        that its streams draft together."""
-        if model.kind != ModelKind.TARGET:
-            raise InvalidArgumentError(
-                f"{model.name!r} is an engine: LOOKUP is for target streams (open the lookup "
-                "engine itself for lookup alone)"
-            )
-        hybrid = self._hybrids.get(model.name)
-        if hybrid is None or hybrid.model is not model:
-            hybrid = self._hybrids[model.name] = HybridEngine(model)
-        return hybrid
-
-    def _open(self, session: Session, handle: int, payload: bytes) -> bytes:
-        req = m.decode_open_request(payload)
-        model = self.models.get(req.name)
-        if model is None or model.kind != req.kind:
-            kind = ModelKind(req.kind).name.lower() if req.kind in (0, 1) else "model"
-            raise UnknownModelError(
-                f"this card has no {kind} {req.name!r}; it has: "
-                + ", ".join(sorted(self.models) or ["nothing"])
-            )
-        if req.wire_mode not in (WireMode.TOKENS, WireMode.DIST):
-            raise InvalidArgumentError(f"unknown wire mode {req.wire_mode}")
-        max_k = req.max_k or self.max_k
-        if max_k > self.max_k:
-            raise InvalidArgumentError(
-                f"max K {max_k} exceeds this card's {self.max_k}", ErrorCode.K_OUT_OF_RANGE
-            )
-        if req.flags & ~(OpenFlags.LONG_CONTEXT | OpenFlags.LOOKUP):
-            raise InvalidArgumentError(f"unknown OPEN flags 0x{req.flags:02x}")
-        long_context = bool(req.flags & OpenFlags.LONG_CONTEXT)
-        if req.flags & OpenFlags.LOOKUP:
-            model = self._with_lookup(model)
-        dist = req.wire_mode == WireMode.DIST
-        sampling = Sampling(  # checks the values as the host's SamplingParams does
-            req.temperature, req.top_k, req.top_p, req.seed, MAX_DIST_ENTRIES if dist else 0
-        )
-        slot = self.streams.free_slot()
-        stream = Stream(
-            slot=slot,
-            handle=self.streams.new_handle(slot),
-            session=session,
-            engine=model,
-            state=model.open_state(self.context, sampling, long_context),
-            sampling=sampling,
-            capacity=1 << 62 if long_context else self.context,
-            max_k=max_k,
-            dist=dist,
-        )
-        self.streams.add(stream)
-        self.telemetry.streams_opened += 1
-        return m.encode_open_reply(m.OpenReply(stream.handle, self.context, max_k))
-
-    def _close(self, session: Session, handle: int, payload: bytes) -> bytes:
-        self.streams.remove(self.streams.get(session, handle))
-        return b""
-
-    def _prefill(self, session: Session, handle: int, payload: bytes) -> bytes:
-        stream = self.streams.get(session, handle)
-        if len(payload) & 3:
-            raise ProtocolError(f"prefill of {len(payload)} bytes is not whole u32 tokens")
-        self._check_room(stream, len(payload) >> 2)
-        vocab = stream.engine.vocab_size
-        if vocab and payload and int(np.frombuffer(payload, "<u4").max()) >= vocab:
-            raise InvalidArgumentError(
-                f"a token id is beyond {stream.engine.name!r}'s vocabulary of {vocab}: "
-                "the prompt was tokenized for another model"
-            )
-        stream.begin_change()
-        stream.pending = b""
-        stream.state.extend(payload)
-        stream.end_change()
-        if self.prefetcher is not None:  # take the tokens in while idle: drafting next is quick
-            self.prefetcher.submit(stream, b"", b"", 0)
-        return m.U32.pack(stream.length)
-
-    def _rollback(self, session: Session, handle: int, payload: bytes) -> bytes:
-        stream = self.streams.get(session, handle)
-        length = m.decode_u32(payload)
-        if length > stream.length:
-            raise InvalidArgumentError(
-                f"cannot roll back to {length}: the stream holds {stream.length} tokens"
-            )
-        stream.begin_change()
-        stream.pending = b""
-        try:
-            stream.state.truncate(length)  # may refuse (long context: evicted tokens)
-        finally:
-            stream.end_change()
-        return m.U32.pack(length)
-
-    def _draft(self, session: Session, handle: int, payload: bytes) -> bytes:
-        stream = self.streams.get(session, handle)
-        k = m.decode_u8(payload)
-        self._check_k(stream, k)
-        stream.begin_change()  # a new draft replaces the pending one and voids its prefetch
-        stream.end_change()
-        return self._draft_reply(stream, k)
-
-    def _commit(self, session: Session, handle: int, payload: bytes) -> bytes:
-        # The per-round path: checks are inlined, and nothing changes before they all pass.
-        stream = self.streams.by_handle.get(handle)
-        if stream is None or stream.session is not session:
-            stream = self.streams.get(session, handle)  # raises the typed error
-        if len(payload) != 6:
-            raise ProtocolError(f"COMMIT payload must be 6 bytes, got {len(payload)}")
-        accepted, next_k, bonus = m.COMMIT_REQUEST.unpack(payload)
-        vocab = stream.engine.vocab_size
-        if vocab and bonus >= vocab:
-            raise InvalidArgumentError(
-                f"token {bonus} is beyond {stream.engine.name!r}'s vocabulary of {vocab}"
-            )
-        pending = stream.pending
-        if accepted << 2 > len(pending):
-            raise InvalidArgumentError(
-                f"accepted {accepted} tokens but the last draft had {len(pending) >> 2}"
-            )
-        if next_k > stream.max_k:
-            self._check_k(stream, next_k)
-        state = stream.state
-        if state.length + accepted + 1 > stream.capacity:
-            self._check_room(stream, accepted + 1)
-        t = self.telemetry
-        t.rounds += 1
-        t.accepted_tokens += accepted
-        committed = pending[: accepted << 2] + payload[2:6]
-        pf = stream.prefetch
-        hit = (
-            pf
-            if pf is not None
-            and pf.version == stream.version
-            and pf.branch == committed
-            and len(pf.tokens) >= next_k << 2
-            else None
-        )
-        if stream.prefetch_scheduled:
-            if hit is not None:
-                t.prefetch_hits += 1
-            elif pf is None or pf.version != stream.version:
-                t.prefetch_late += 1
-            else:
-                t.prefetch_misses += 1
-        stream.begin_change()
-        state.extend(committed, hit.prepared if hit is not None else None)
-        stream.end_change()
-        if hit is not None:
-            return self._serve(
-                stream, next_k, hit.tokens, hit.dists, prefetch_hit=True, lookup=hit.lookup
-            )
-        if self._batching and next_k:
-            return _Deferred(stream, next_k)  # type: ignore[return-value]
-        return self._draft_reply(stream, next_k)
-
-    # ------------------------------------------------------------ drafting
-
-    def _check_k(self, stream: Stream, k: int) -> None:
-        if k > stream.max_k:
-            raise InvalidArgumentError(
-                f"K {k} exceeds the stream's max K {stream.max_k}", ErrorCode.K_OUT_OF_RANGE
-            )
-
-    def _check_room(self, stream: Stream, extra: int) -> None:
-        if stream.length + extra > stream.capacity:
-            raise ContextFullError(
-                f"{extra} more tokens would take the stream past its {stream.capacity}-token "
-                f"slot (it holds {stream.length}); roll back or open a new stream"
-            )
-
-    def _draft_reply(self, stream: Stream, k: int) -> bytes:
-        ask = k + 1 if self.prefetcher is not None and k else k
-        proposal = stream.state.propose(ask) if k else None
-        if proposal is None:
-            return self._serve(stream, 0, b"", None)
-        return self._serve(stream, k, proposal.tokens, proposal.dists, lookup=proposal.lookup)
-
-    def _serve(
-        self,
-        stream: Stream,
-        k: int,
-        tokens: bytes,
-        dists: tuple | None,
-        prefetch_hit: bool = False,
-        lookup: bool = False,
-    ) -> bytes:
-        """Reply with the first k of ``tokens``; a (k+1)-th token is the bonus guess that the
-        next prefetch drafts after."""
-        draft = tokens[: k << 2]
-        guess = tokens[k << 2 : (k << 2) + 4]
-        count = len(draft) >> 2
-        stream.pending = draft
-        t = self.telemetry
-        if count:
-            t.drafts += 1
-            t.draft_tokens += count
-        if guess and count == k and self.prefetcher is not None:
-            self.prefetcher.submit(stream, draft, guess, k)
-        lookup = lookup and count > 0
-        if not stream.dist:
-            return m.draft_reply_payload(prefetch_hit, draft, None, lookup)
-        if dists is None:  # deterministic draft: each position is one-hot
-            dists = tuple(m.Distribution((tok,), (1,)) for tok in m.TOKENS[count].unpack(draft))
-        return m.draft_reply_payload(prefetch_hit, draft, dists[:count], lookup)

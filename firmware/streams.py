@@ -61,7 +61,6 @@ class Stream:
         "closed",
         "dist",
         "engine",
-        "guess",
         "handle",
         "max_k",
         "pending",
@@ -98,8 +97,6 @@ class Stream:
         self.closed = False
         self.pending = b""
         """The last draft's tokens (u32 LE), which a COMMIT accepts a prefix of."""
-        self.guess: bytes | None = None
-        """The engine's guess for the bonus token after a fully accepted draft."""
         self.prefetch: PrefetchResult | None = None
         self.prefetch_scheduled = False
         self.version = 0

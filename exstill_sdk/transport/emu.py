@@ -6,12 +6,14 @@ paths, one target each), ``max_k`` (16), ``prefetch`` (1/0), ``threads`` (comput
 the transformer engines; 0, the default, lets onnxruntime use every core; 1 leaves the other
 cores to the host, as a card's own silicon would).
 A request is served inside ``send_frame`` on the caller's thread: no socket and no thread
-hand-off on the per-round path.
+hand-off on the per-round path; requests sent together (``Card.sent_together``) are served as one
+read is on the other links (``CardRuntime.handle_many``).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult
 
@@ -64,6 +66,11 @@ class EmuTransport(Transport):
         reply = self.runtime.handle(self._session, frame)
         if reply is not None:
             self._inbox.append(reply)
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Frames sent together are served together, as a byte-stream link's card serves the
+        frames of one read: the misses among a batch's COMMITs are drafted as one batch."""
+        self._inbox.extend(self.runtime.handle_many(self._session, frames))
 
     def recv_frame(self, deadline: float) -> bytes:
         try:

@@ -125,3 +125,25 @@ class DraftEngine(ABC):
             raise InvalidArgumentError(
                 f"engine {self.name!r} has no long-context mode; open the stream without it"
             )
+
+
+def propose_grouped(
+    jobs: Sequence[tuple[DraftEngine, EngineState, int, bytes]],
+) -> list[Proposal | Exception]:
+    """Draft for several streams, one ``propose_many`` per engine, so that an engine batches
+    its streams: (engine, state, k, branch) per job; a job whose engine failed gets the
+    engine's exception."""
+    groups: dict[int, list[int]] = {}
+    for i, (engine, *_) in enumerate(jobs):
+        groups.setdefault(id(engine), []).append(i)
+    out: list[Proposal | Exception] = [Exception("not drafted")] * len(jobs)
+    for members in groups.values():
+        engine = jobs[members[0]][0]
+        results: Sequence[Proposal | Exception]
+        try:
+            results = engine.propose_many([jobs[i][1:] for i in members])
+        except Exception as exc:  # the caller decides: an error reply, or no draft ahead
+            results = [exc] * len(members)
+        for i, proposal in zip(members, results, strict=True):
+            out[i] = proposal
+    return out

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 from exstill_firmware import CardRuntime
 from exstill_firmware.emulator import HostLink, PtyCardServer
+from exstill_firmware.engines import LookupEngine
+from exstill_firmware.engines.base import EngineState, Proposal
 
-from exstill_sdk import open_card
+from exstill_sdk import Card, Verdict, open_card
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import RESPONSE_BIT, ModelKind, Opcode
 from exstill_sdk.protocol.frame import decode_frame, encode_frame
 from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
+from exstill_sdk.transport.emu import EmuTransport
+
+from ..helpers import served
 
 
 @pytest.fixture
@@ -74,3 +79,49 @@ def test_the_replies_of_one_read_come_back_as_one_write() -> None:
     assert link.feed(b"\x05garbage\x00") == b"" and runtime.telemetry.frames_dropped == 1
     link.close()
     runtime.shutdown()
+
+
+class RecordingLookup(LookupEngine):
+    """The built-in lookup engine, noting the size of every batch the runtime drafts with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def propose_many(self, jobs: Sequence[tuple[EngineState, int, bytes]]) -> list[Proposal]:
+        self.batches.append(len(jobs))
+        return super().propose_many(jobs)
+
+
+def _batch_of_misses(card: Card) -> list[tuple[int, ...]]:
+    """Three streams' rounds sent together; with no drafting ahead on the card (prefetch off),
+    the card drafts all three after their COMMITs arrive."""
+    streams = [card.open_stream("lookup") for _ in range(3)]
+    periods = [[10 + i, 20 + i, 30 + i] for i in range(3)]
+    for s, p in zip(streams, periods, strict=True):
+        s.prefill(p * 2 + p[:2])
+        assert s.draft(2).tokens == (p[2], p[0])
+    verdicts = [Verdict(0, p[2]) for p in periods]
+    with card.sent_together():
+        rids = [s.send_commit(v, 3) for s, v in zip(streams, verdicts, strict=True)]
+    return [
+        s.receive_commit(rid, v).tokens for s, rid, v in zip(streams, rids, verdicts, strict=True)
+    ]
+
+
+def test_emu_and_tcp_draft_a_batch_of_misses_as_one() -> None:
+    """The same rounds sent together over emu:// and over TCP: the same drafts, and the card's
+    engine asked once for all three on both links (not once a stream on emu://)."""
+    drafts, batches = {}, {}
+    for link in ("emu", "tcp"):
+        engine = RecordingLookup()
+        runtime = CardRuntime(4, 1024, engines=[engine], prefetch=False)
+        if link == "emu":
+            with Card(EmuTransport(runtime, owns_runtime=True)) as card:
+                drafts[link] = _batch_of_misses(card)
+        else:
+            with served(runtime) as server, open_card(server.url) as card:
+                drafts[link] = _batch_of_misses(card)
+        batches[link] = engine.batches
+    assert drafts["emu"] == drafts["tcp"] == [(10 + i, 20 + i, 30 + i) for i in range(3)]
+    assert batches["emu"] == batches["tcp"] == [3]

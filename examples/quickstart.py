@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from exstill_sdk import open_card
+from exstill_sdk import Verdict, open_card
 
 PROMPT = "def add(a, b):\n    return a + b\n\n"
 CONTINUATION = (
@@ -59,7 +59,7 @@ def main() -> None:
             bonus = target_text[len(out)]  # the target's token at the first miss (or after all)
             out.append(bonus)
             rounds += 1
-            draft = stream.commit(accepted, bonus, args.k)
+            draft = stream.commit(Verdict(accepted, bonus), args.k)
         print(bytes(out).decode(), end="")
     assert out == target_text
     # This stream's own figures (card.stats() counts every client of a shared card).

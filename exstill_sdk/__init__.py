@@ -38,7 +38,9 @@ from exstill_sdk.errors import (
     TransportError,
     UnknownModelError,
 )
+from exstill_sdk.interface import CardInterface
 from exstill_sdk.protocol.constants import ErrorCode, WireMode
+from exstill_sdk.protocol.drafts import Verdict
 
 __version__ = "0.1.0"
 
@@ -47,6 +49,7 @@ __all__ = [
     "Card",
     "CardFullError",
     "CardInfo",
+    "CardInterface",
     "CardInternalError",
     "CheckpointError",
     "ChunkError",
@@ -77,6 +80,7 @@ __all__ = [
     "TokenizerMismatchError",
     "TransportError",
     "UnknownModelError",
+    "Verdict",
     "WireMode",
     "__version__",
     "list_devices",

@@ -12,7 +12,6 @@ import struct
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -27,6 +26,7 @@ from exstill_sdk.errors import (
     error_for_code,
 )
 from exstill_sdk.image_store import ImageStoreRequests
+from exstill_sdk.interface import CardInfo
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import (
     CRC_SIZE,
@@ -40,26 +40,13 @@ from exstill_sdk.protocol.constants import (
     OpenFlags,
     WireMode,
 )
-from exstill_sdk.protocol.frame import HEADER, seal
+from exstill_sdk.protocol.drafts import Draft
+from exstill_sdk.protocol.frame import pack_frame
 from exstill_sdk.replies import ReplyMultiplexer
-from exstill_sdk.stream import Draft, DraftStream
+from exstill_sdk.stream import DraftStream
 from exstill_sdk.transport import TracingTransport, Transport, open_transport
 
 DEFAULT_TIMEOUT = 5.0
-
-
-@dataclass(frozen=True)
-class CardInfo:
-    protocol_version: int
-    firmware: str
-    slots: int
-    context: int
-    max_k: int
-    wire_modes: tuple[WireMode, ...]
-    features: Features
-    max_payload: int
-    engines: tuple[str, ...]
-    targets: tuple[m.TargetInfo, ...]
 
 
 class Card(ImageStoreRequests):
@@ -92,15 +79,12 @@ class Card(ImageStoreRequests):
 
     @property
     def url(self) -> str:
-        return self._transport.url
+        return self.transport.url
 
     @property
-    def _transport(self) -> Transport:
+    def transport(self) -> Transport:
+        """The link this card is reached over (a new one after ``reconnect``)."""
         return self._mux.transport
-
-    @_transport.setter
-    def _transport(self, transport: Transport) -> None:
-        self._mux.transport = transport
 
     @property
     def dropped_replies(self) -> int:
@@ -108,20 +92,35 @@ class Card(ImageStoreRequests):
         return self._mux.dropped
 
     # ------------------------------------------------------------ requests and replies
+    # The request path (stream.RequestPath) that streams and the image store use.
 
-    def _next_rid(self) -> int:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def max_payload(self) -> int:
+        """The largest payload the card takes in one frame."""
+        return self._info.max_payload
+
+    def next_rid(self) -> int:
+        """A request id, now awaited (``forget`` it if the request is not sent)."""
         return self._mux.next_rid()
 
-    def _exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes:
+    def forget(self, rid: int) -> None:
+        """Stop awaiting request ``rid``: its reply, if one comes, is dropped."""
+        self._mux.forget(rid)
+
+    def exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes:
         """Send a request frame and return its checked reply frame (raises the card's error)."""
         if self._held is not None:
             self._mux.forget(rid)
             raise InvalidArgumentError("a request that waits for its reply cannot be held back")
         deadline = time.monotonic() + (timeout or self.timeout)
-        self._send(frame, rid)
-        return self._receive(rid, opcode, deadline)
+        self.send(frame, rid)
+        return self.receive(rid, opcode, deadline)
 
-    def _send(self, frame: bytes, rid: int) -> None:
+    def send(self, frame: bytes, rid: int) -> None:
         if self._held is not None:
             self._held.append((frame, rid))
         else:
@@ -142,7 +141,7 @@ class Card(ImageStoreRequests):
             if held:
                 self._mux.send_many(held)
 
-    def _receive(self, rid: int, opcode: int, deadline: float) -> bytes:
+    def receive(self, rid: int, opcode: int, deadline: float) -> bytes:
         """Request ``rid``'s checked reply frame (raises the card's error)."""
         return self._check_reply(self._mux.receive(rid, deadline), opcode)
 
@@ -162,20 +161,20 @@ class Card(ImageStoreRequests):
             raise error_for_code(err.code, err.message)
         raise ProtocolError(f"reply opcode 0x{op:02x} does not answer request 0x{opcode:02x}")
 
-    def _request(
+    def request(
         self, opcode: Opcode, payload: bytes = b"", handle: int = 0, timeout: float | None = None
     ) -> bytes:
         """A control request; returns the reply payload."""
-        self._check_open()
-        rid = self._next_rid()
+        self.check_open()
+        rid = self.next_rid()
         try:
-            frame = seal(HEADER.pack(PROTOCOL_VERSION, opcode, rid, handle, len(payload)) + payload)
+            frame = pack_frame(opcode, rid, handle, payload)
         except struct.error:
             self._mux.forget(rid)
             raise InvalidArgumentError(f"stream handle {handle!r} is not a u32") from None
-        return self._exchange(frame, rid, opcode, timeout)[HEADER_SIZE:-CRC_SIZE]
+        return self.exchange(frame, rid, opcode, timeout)[HEADER_SIZE:-CRC_SIZE]
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise ExstillError("this Card is closed; open_card() again")
 
@@ -183,7 +182,7 @@ class Card(ImageStoreRequests):
 
     def _hello(self, client: str) -> CardInfo:
         req = m.HelloRequest(PROTOCOL_VERSION, PROTOCOL_VERSION, client)
-        reply = m.decode_hello_reply(self._request(Opcode.HELLO, m.encode_hello_request(req)))
+        reply = m.decode_hello_reply(self.request(Opcode.HELLO, m.encode_hello_request(req)))
         return CardInfo(
             protocol_version=reply.version,
             firmware=reply.firmware,
@@ -202,14 +201,14 @@ class Card(ImageStoreRequests):
     def send_pipelined(self, opcode: Opcode, payload: bytes) -> int:
         """Send a request without waiting (pipelining); ``receive_pipelined(rid, opcode)``
         returns its reply payload later. Replies arrive in order of sending."""
-        self._check_open()
-        rid = self._next_rid()
-        self._send(seal(HEADER.pack(PROTOCOL_VERSION, opcode, rid, 0, len(payload)) + payload), rid)
+        self.check_open()
+        rid = self.next_rid()
+        self.send(pack_frame(opcode, rid, 0, payload), rid)
         return rid
 
     def receive_pipelined(self, rid: int, opcode: Opcode, timeout: float | None = None) -> bytes:
         deadline = time.monotonic() + (timeout or self.timeout)
-        return self._receive(rid, opcode, deadline)[HEADER_SIZE:-CRC_SIZE]
+        return self.receive(rid, opcode, deadline)[HEADER_SIZE:-CRC_SIZE]
 
     def info(self) -> CardInfo:
         """What the card said about itself in the handshake."""
@@ -217,7 +216,7 @@ class Card(ImageStoreRequests):
 
     def stats(self) -> dict[str, int]:
         """The card's telemetry counters (names in docs/protocol.md)."""
-        return m.decode_stats_reply(self._request(Opcode.STATS))
+        return m.decode_stats_reply(self.request(Opcode.STATS))
 
     def ping(self, data: bytes = b"") -> float:
         """Round-trip time in seconds of an echo of ``data``."""
@@ -227,7 +226,7 @@ class Card(ImageStoreRequests):
                 f"{self._info.max_payload}"
             )
         start = time.perf_counter()
-        if self._request(Opcode.PING, data) != data:
+        if self.request(Opcode.PING, data) != data:
             raise ProtocolError("the card echoed different bytes")
         return time.perf_counter() - start
 
@@ -273,7 +272,7 @@ class Card(ImageStoreRequests):
             flags=(OpenFlags.LONG_CONTEXT if long_context else 0)
             | (OpenFlags.LOOKUP if lookup else 0),
         )
-        reply = m.decode_open_reply(self._request(Opcode.OPEN, m.encode_open_request(req)))
+        reply = m.decode_open_reply(self.request(Opcode.OPEN, m.encode_open_request(req)))
         capacity = (1 << 62) if long_context else reply.context
         stream = DraftStream(self, reply.handle, capacity, reply.max_k, name)
         self._streams.add(stream)
@@ -288,8 +287,8 @@ class Card(ImageStoreRequests):
             stream.closed = True
         self._streams.clear()
         with contextlib.suppress(ExstillError, OSError):
-            self._transport.close()
-        tracing = isinstance(self._transport, TracingTransport)
+            self.transport.close()
+        tracing = isinstance(self.transport, TracingTransport)
         transport = open_transport(self.url, self.timeout)
         self._mux = ReplyMultiplexer(TracingTransport(transport) if tracing else transport)
         self._closed = False
@@ -299,13 +298,13 @@ class Card(ImageStoreRequests):
     def _authenticate(self) -> None:
         """Prove the admin key, if this Card has one: a fresh challenge, answered once."""
         if self._key is not None:
-            nonce = self._request(Opcode.AUTH_CHALLENGE)
-            self._request(Opcode.AUTH, answer(self._key, nonce))
+            nonce = self.request(Opcode.AUTH_CHALLENGE)
+            self.request(Opcode.AUTH, answer(self._key, nonce))
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._transport.close()
+            self.transport.close()
 
     def __enter__(self) -> Card:
         return self

@@ -20,14 +20,15 @@ class ImageStoreRequests:
     """Mixed into Card: the image-store requests, over the card's own request path."""
 
     timeout: float
-    _info: _Handshake
 
     if TYPE_CHECKING:  # what Card provides
 
         @property
         def url(self) -> str: ...
 
-        def _request(
+        def info(self) -> _Handshake: ...
+
+        def request(
             self,
             opcode: Opcode,
             payload: bytes = b"",
@@ -39,12 +40,12 @@ class ImageStoreRequests:
         self, opcode: Opcode, payload: bytes = b"", timeout: float | None = None
     ) -> bytes:
         """An image-store request, refused here when the card said it has no store."""
-        if not self._info.features & Features.IMAGE_STORE:
+        if not self.info().features & Features.IMAGE_STORE:
             raise NoImageStoreError(
                 f"{self.url or 'this card'} has no image store, so it cannot take, list or "
                 "change flashed images; start the emulator with --store DIR"
             )
-        return self._request(opcode, payload, timeout=timeout)
+        return self.request(opcode, payload, timeout=timeout)
 
     def upload_begin(self, req: m.UploadBegin) -> tuple[int, int]:
         """Start or resume an upload: (offset to send from, largest chunk)."""

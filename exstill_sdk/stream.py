@@ -13,38 +13,36 @@ from typing import Protocol
 
 from exstill_sdk.errors import ExstillError, InvalidArgumentError, LinkTimeoutError
 from exstill_sdk.protocol import messages as m
-from exstill_sdk.protocol.constants import CRC_SIZE, HEADER_SIZE, PROTOCOL_VERSION, Opcode
-from exstill_sdk.protocol.frame import HEADER, seal
-from exstill_sdk.protocol.messages import DraftReply as Draft
-from exstill_sdk.replies import ReplyMultiplexer
+from exstill_sdk.protocol.constants import CRC_SIZE, HEADER_SIZE, Opcode
+from exstill_sdk.protocol.drafts import NO_DRAFT, Draft, Verdict
+from exstill_sdk.protocol.frame import pack_frame
 
 
-class _Handshake(Protocol):
+class RequestPath(Protocol):
+    """How a stream reaches its card: request ids, frames out, checked replies back. ``Card``
+    is one; a pool of cards gives each stream the path of the card it lives on."""
+
+    timeout: float
+
+    @property
+    def closed(self) -> bool: ...
+
     @property
     def max_payload(self) -> int: ...
 
+    def check_open(self) -> None: ...
 
-class StreamLink(Protocol):
-    """What a stream needs of its Card: the card's request path."""
+    def next_rid(self) -> int: ...
 
-    timeout: float
-    _closed: bool
-    _mux: ReplyMultiplexer
+    def forget(self, rid: int) -> None: ...
 
-    @property
-    def _info(self) -> _Handshake: ...
+    def send(self, frame: bytes, rid: int) -> None: ...
 
-    def _check_open(self) -> None: ...
+    def receive(self, rid: int, opcode: int, deadline: float) -> bytes: ...
 
-    def _next_rid(self) -> int: ...
+    def exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes: ...
 
-    def _send(self, frame: bytes, rid: int) -> None: ...
-
-    def _receive(self, rid: int, opcode: int, deadline: float) -> bytes: ...
-
-    def _exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes: ...
-
-    def _request(
+    def request(
         self, opcode: Opcode, payload: bytes = b"", handle: int = 0, timeout: float | None = None
     ) -> bytes: ...
 
@@ -58,7 +56,7 @@ class DraftStream:
     """
 
     def __init__(
-        self, card: StreamLink, handle: int, capacity: int, max_k: int, model: str
+        self, card: RequestPath, handle: int, capacity: int, max_k: int, model: str
     ) -> None:
         self.card = card
         self.handle = handle
@@ -66,7 +64,8 @@ class DraftStream:
         self.max_k = max_k
         self.model = model
         self.length = 0
-        self.last_draft: tuple[int, ...] = ()
+        self.last_draft = NO_DRAFT
+        """The draft a COMMIT judges (none after a prefill or a rollback)."""
         self._resync = False
         self.closed = False
 
@@ -81,7 +80,7 @@ class DraftStream:
         """The card's reply frame; a timeout leaves the card's state unknown, so the stream
         resynchronises before its next request."""
         try:
-            return self.card._exchange(frame, rid, opcode, timeout)
+            return self.card.exchange(frame, rid, opcode, timeout)
         except LinkTimeoutError:
             self._resync = True
             raise
@@ -89,7 +88,7 @@ class DraftStream:
     def _request(self, opcode: Opcode, payload: bytes, timeout: float | None) -> bytes:
         """A non-round request on this stream; the reply payload. Timeouts as in _exchange."""
         try:
-            return self.card._request(opcode, payload, self.handle, timeout)
+            return self.card.request(opcode, payload, self.handle, timeout)
         except LinkTimeoutError:
             self._resync = True
             raise
@@ -102,11 +101,11 @@ class DraftStream:
                 f"{len(tokens)} tokens do not fit: the stream holds {self.length} of "
                 f"{self.capacity}"
             )
-        chunk = self.card._info.max_payload // 4
+        chunk = self.card.max_payload // 4
         for start in range(0, len(tokens), chunk):
             part = m.encode_tokens(tokens[start : start + chunk])
             self.length = m.decode_u32(self._request(Opcode.PREFILL, part, timeout))
-        self.last_draft = ()
+        self.last_draft = NO_DRAFT
         return self.length
 
     def send_prefill(self, tokens: list[int] | tuple[int, ...]) -> int:
@@ -114,19 +113,16 @@ class DraftStream:
         takes them in while the host works on. ``receive_prefill`` with the returned request
         id completes it; requests sent on the stream meanwhile are served after it, in order."""
         self._guard()
-        if len(tokens) > self.card._info.max_payload // 4:
+        if len(tokens) > self.card.max_payload // 4:
             raise InvalidArgumentError(
                 f"{len(tokens)} tokens do not fit one frame; use prefill() for long runs"
             )
         card = self.card
-        card._check_open()
-        rid = card._next_rid()
-        payload = m.encode_tokens(tokens)
-        frame = seal(
-            HEADER.pack(PROTOCOL_VERSION, Opcode.PREFILL, rid, self.handle, len(payload)) + payload
-        )
+        card.check_open()
+        rid = card.next_rid()
+        frame = pack_frame(Opcode.PREFILL, rid, self.handle, m.encode_tokens(tokens))
         try:
-            card._send(frame, rid)
+            card.send(frame, rid)
         except LinkTimeoutError:
             self._resync = True
             raise
@@ -136,83 +132,81 @@ class DraftStream:
         """The second half of ``send_prefill``: the stream's new length."""
         deadline = time.monotonic() + (timeout or self.card.timeout)
         try:
-            reply = self.card._receive(rid, Opcode.PREFILL, deadline)
+            reply = self.card.receive(rid, Opcode.PREFILL, deadline)
         except LinkTimeoutError:
             self._resync = True
             raise
         self.length = m.decode_u32(reply[HEADER_SIZE:-CRC_SIZE])
-        self.last_draft = ()
+        self.last_draft = NO_DRAFT
         return self.length
 
     def draft(self, k: int, timeout: float | None = None) -> Draft:
         """Propose up to ``k`` tokens after the committed context."""
         self._guard()
         card = self.card
-        card._check_open()
-        rid = card._next_rid()
+        card.check_open()
+        rid = card.next_rid()
         try:
             frame = m.draft_frame(rid, self.handle, k)
         except struct.error:
-            card._mux.forget(rid)
+            card.forget(rid)
             raise InvalidArgumentError(f"K must be 0..255, not {k!r}") from None
         result = m.parse_draft_reply_frame(self._exchange(frame, rid, Opcode.DRAFT, timeout))
-        self.last_draft = result.tokens
+        self.last_draft = result
         return result
 
-    def commit(self, accepted: int, bonus: int, next_k: int, timeout: float | None = None) -> Draft:
-        """One verification round: the target accepted the first ``accepted`` tokens of the last
-        draft, then produced ``bonus``; returns the next draft of up to ``next_k`` tokens."""
+    def commit(self, verdict: Verdict, next_k: int, timeout: float | None = None) -> Draft:
+        """One verification round: the target's ``verdict`` on the last draft (what it
+        accepted, and its own token after that); returns the next draft of up to ``next_k``
+        tokens."""
         deadline = time.monotonic() + (timeout or self.card.timeout)  # counted from the send
-        return self._commit_reply(self.send_commit(accepted, bonus, next_k), accepted, deadline)
+        return self._commit_reply(self.send_commit(verdict, next_k), verdict, deadline)
 
-    def send_commit(self, accepted: int, bonus: int, next_k: int) -> int:
+    def send_commit(self, verdict: Verdict, next_k: int) -> int:
         """The first half of ``commit``: send the round without waiting for the reply, so that
         several streams' rounds travel together; ``receive_commit`` with the returned request
-        id (and the same ``accepted``) completes it."""
+        id (and the same verdict) completes it."""
         if self._resync or self.closed:
             self._guard()
-        if not 0 <= accepted <= len(self.last_draft):
-            raise InvalidArgumentError(
-                f"accepted {accepted} but the last draft had {len(self.last_draft)} tokens"
-            )
+        self.last_draft.check(verdict)
         card = self.card
-        if card._closed:
-            card._check_open()
-        rid = card._next_rid()
+        if card.closed:
+            card.check_open()
+        rid = card.next_rid()
         try:
-            frame = m.commit_frame(rid, self.handle, accepted, next_k, bonus)
+            frame = m.commit_frame(rid, self.handle, verdict, next_k)
         except struct.error:
-            card._mux.forget(rid)
+            card.forget(rid)
             raise InvalidArgumentError(
-                f"bonus must be a u32 token id and next K 0..255 (got {bonus!r}, {next_k!r})"
+                f"the token must be a u32 id and next K 0..255 (got {verdict.token!r}, {next_k!r})"
             ) from None
         try:
-            card._send(frame, rid)
+            card.send(frame, rid)
         except LinkTimeoutError:  # the card may have the round: resynchronise before the next
             self._resync = True
             raise
         return rid
 
-    def receive_commit(self, rid: int, accepted: int, timeout: float | None = None) -> Draft:
+    def receive_commit(self, rid: int, verdict: Verdict, timeout: float | None = None) -> Draft:
         """The second half of ``commit``: the next draft. A timeout leaves the card's state
         unknown, so the stream resynchronises before its next request."""
         deadline = time.monotonic() + (timeout or self.card.timeout)
-        return self._commit_reply(rid, accepted, deadline)
+        return self._commit_reply(rid, verdict, deadline)
 
-    def _commit_reply(self, rid: int, accepted: int, deadline: float) -> Draft:
+    def _commit_reply(self, rid: int, verdict: Verdict, deadline: float) -> Draft:
         try:
-            reply = self.card._receive(rid, Opcode.COMMIT, deadline)
+            reply = self.card.receive(rid, Opcode.COMMIT, deadline)
         except LinkTimeoutError:
             self._resync = True
             raise
         result = m.parse_draft_reply_frame(reply)
-        self.length += accepted + 1
-        self.last_draft = result.tokens
+        self.length += len(self.last_draft.kept(verdict))
+        self.last_draft = result
         return result
 
     def _do_rollback(self, length: int, timeout: float | None = None) -> int:
         self.length = m.decode_u32(self._request(Opcode.ROLLBACK, m.encode_u32(length), timeout))
-        self.last_draft = ()
+        self.last_draft = NO_DRAFT
         return self.length
 
     def rollback(self, length: int, timeout: float | None = None) -> int:
@@ -229,8 +223,8 @@ class DraftStream:
         if self.closed:
             return
         self.closed = True
-        if not self.card._closed:
-            self.card._request(Opcode.CLOSE, b"", self.handle)
+        if not self.card.closed:
+            self.card.request(Opcode.CLOSE, b"", self.handle)
 
     def __enter__(self) -> DraftStream:
         return self

@@ -21,6 +21,7 @@ from exstill_sdk import (
     open_card,
 )
 from exstill_sdk.protocol.constants import Features
+from exstill_sdk.protocol.drafts import Verdict
 
 
 def test_info_and_stats() -> None:
@@ -39,7 +40,7 @@ def test_stream_lifecycle() -> None:
         assert s.prefill(prompt) == 12000 == s.length
         d = s.draft(5)
         assert d.tokens == (7, 8, 9, 10, 7) and not d.prefetch_hit
-        d = s.commit(5, 8, 3)
+        d = s.commit(Verdict(5, 8), 3)
         assert s.length == 12006 and d.tokens == (9, 10, 7)
         assert s.rollback(11999) == 11999 == s.length
         assert s.draft(2).tokens == (10, 7)
@@ -57,9 +58,9 @@ def test_client_side_checks_do_not_touch_the_card() -> None:
         s.prefill([1, 2, 3, 1, 2])
         d = s.draft(3)
         with pytest.raises(InvalidArgumentError):
-            s.commit(len(d.tokens) + 1, 5, 3)
+            s.commit(Verdict(len(d.tokens) + 1, 5), 3)
         with pytest.raises(InvalidArgumentError):
-            s.commit(0, -1, 3)
+            s.commit(Verdict(0, -1), 3)
         with pytest.raises(InvalidArgumentError):
             s.draft(300)
         with pytest.raises(InvalidArgumentError):
@@ -71,7 +72,7 @@ def test_client_side_checks_do_not_touch_the_card() -> None:
             s.draft(9)
         assert info.value.code == 0x08
         # nothing refused above reached the stream: this round is the first, from length 5
-        assert s.commit(len(d.tokens), 3, 2).tokens == (1, 2)  # after 1 2 3 1 2 [3 1 2] 3
+        assert s.commit(Verdict(len(d.tokens), 3), 2).tokens == (1, 2)  # after 1 2 3 1 2 [3 1 2] 3
         assert s.length == 9 and card.stats()["rounds"] == 1
 
 
@@ -87,8 +88,8 @@ def test_card_errors_are_typed() -> None:
         a.prefill([1] * 30)
         d = a.draft(4)
         with pytest.raises(ContextFullError, match="32-token slot"):
-            a.commit(len(d.tokens), 1, 4)  # 30 + 4 + 1 > 32
-        assert a.commit(1, 1, 0).tokens == ()  # the stream is intact: 32 tokens now
+            a.commit(Verdict(len(d.tokens), 1), 4)  # 30 + 4 + 1 > 32
+        assert a.commit(Verdict(1, 1), 0).tokens == ()  # the stream is intact: 32 tokens now
         a.close()
         card.open_stream()
         b.close()
@@ -134,7 +135,7 @@ def test_many_threads_pipeline_over_one_link(tcp_server: TcpCardServer) -> None:
                     for _ in range(200):
                         assert d.tokens == tuple(pattern[: len(d.tokens)])
                         assert len(d.tokens) == 4
-                        d = s.commit(4, pattern[4], 4)
+                        d = s.commit(Verdict(4, pattern[4]), 4)
             except BaseException as exc:  # reported below
                 errors.append(exc)
 
@@ -153,12 +154,14 @@ def test_late_reply_is_dropped_and_stream_resyncs(tcp_server: TcpCardServer) -> 
         s.prefill([1, 2, 3, 4, 1, 2, 3, 4, 1])
         d = s.draft(3)
         with pytest.raises(LinkTimeoutError):
-            s.commit(3, 1, 3, timeout=1e-6)  # the card applies it; the reply comes too late
+            s.commit(
+                Verdict(3, 1), 3, timeout=1e-6
+            )  # the card applies it; the reply comes too late
         # The next call resynchronises (rollback to the host's length) and works.
         d = s.draft(3)
         assert s.length == 9 and d.tokens == (2, 3, 4)
         assert card.dropped_replies == 1
-        assert s.commit(3, 1, 3).tokens == (2, 3, 4)
+        assert s.commit(Verdict(3, 1), 3).tokens == (2, 3, 4)
 
 
 class _DuplicatingProxy:
@@ -192,7 +195,7 @@ def test_duplicate_replies_are_dropped(tcp_server: TcpCardServer) -> None:
         d = s.draft(3)
         for _ in range(20):
             assert d.tokens == tuple(pattern[(s.length + i) % 3] for i in range(3))
-            d = s.commit(3, pattern[s.length % 3], 3)
+            d = s.commit(Verdict(3, pattern[s.length % 3]), 3)
         assert card.dropped_replies >= 20
 
 
@@ -239,15 +242,18 @@ def test_pipelined_commits_match_one_at_a_time(tcp_server: TcpCardServer) -> Non
             bonus = [d[a] + 1 if a < len(d) else 4 for d, a in zip(drafts, accepted, strict=True)]
             if pipelined:
                 rids = [
-                    s.send_commit(a, b, 4) for s, a, b in zip(streams, accepted, bonus, strict=True)
+                    s.send_commit(Verdict(a, b), 4)
+                    for s, a, b in zip(streams, accepted, bonus, strict=True)
                 ]
                 got = {}
                 for i in reversed(range(len(streams))):
-                    got[i] = streams[i].receive_commit(rids[i], accepted[i]).tokens
+                    got[i] = (
+                        streams[i].receive_commit(rids[i], Verdict(accepted[i], bonus[i])).tokens
+                    )
                 drafts = [got[i] for i in range(len(streams))]
             else:
                 drafts = [
-                    s.commit(a, b, 4).tokens
+                    s.commit(Verdict(a, b), 4).tokens
                     for s, a, b in zip(streams, accepted, bonus, strict=True)
                 ]
             out.extend(drafts)

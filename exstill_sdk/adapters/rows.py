@@ -45,10 +45,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exstill_sdk.card import Card, Draft, DraftStream
 from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError, InvalidArgumentError
+from exstill_sdk.interface import CardInterface
 from exstill_sdk.protocol.constants import WireMode
+from exstill_sdk.protocol.drafts import Draft, Verdict
 from exstill_sdk.speculative.batch_k import BatchK
+from exstill_sdk.speculative.rounds import CatchUp, Commit, exchange
+from exstill_sdk.speculative.timing import Clock, PassClock, PassTiming
+from exstill_sdk.stream import DraftStream
 from exstill_sdk.support.tokens import common_prefix, continues
 
 RETRY_STEPS = 64
@@ -110,13 +114,14 @@ class RowStreams:
 
     def __init__(
         self,
-        card: Card,
+        card: CardInterface,
         *,
         draft: str | None = None,
         engine: str | None = None,
         adaptive: bool = False,
         lookup: bool = False,
         model_k: int | None = None,
+        clock: Clock = time.perf_counter,
     ) -> None:
         if model_k is not None and model_k < 1:
             raise InvalidArgumentError(
@@ -135,9 +140,8 @@ class RowStreams:
         """(streams closed, step) when the card last refused a stream."""
         self._steps = 0
         self._requests = itertools.count(1)
-        self._last_step: tuple[int, float, int | None, float] | None = None
-        """(tokens the engine's next pass holds, when the last call returned, tokens the card
-        drafted in it or None when it also brought a row up to date, the call's seconds)."""
+        self._clock = PassClock(clock)
+        """The engine's pass is the time between two calls; a call is the round."""
 
     def propose(
         self,
@@ -168,7 +172,7 @@ class RowStreams:
         k: int,
         max_length: int | None,
     ) -> list[list[int]]:
-        started = time.perf_counter()
+        started = self._clock.now()
         out: list[list[int]] = [[] for _ in sampled]
         unclaimed = self._rows
         self._rows = {}
@@ -213,65 +217,46 @@ class RowStreams:
                 limit = min(limit, self.model_k)
             plans.append((i, ctx, self._one_round_on(tracked, ctx), limit))
         # A step that held a prompt (a row in prefill, or just out of it) is not what drafting
-        # costs.
+        # costs: the pass that just ended (vLLM's step since the last call) is not timed.
         only_commits = all(len(new) for new in sampled) and all(p[2] is not None for p in plans)
+        timing = self._clock.end_pass(only_commits, now=started)
         if self.adaptive:
-            plans = self._plan(plans, k, started, only_commits)
-        # Bring new rows up to date (prefill, draft), then send every other row's round in
-        # one write, then collect the drafts.
-        rounds: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, accepted, next K)
+            plans = self._plan(plans, k, timing)
+        # New rows catch up (prefill, draft), every other row's round goes out in one write,
+        # then the drafts come back (speculative/rounds.py).
+        steps: list[Commit | CatchUp] = []
         for i, ctx, accepted, limit in plans:
-            tracked = self._rows[i]
-            if accepted is not None:
-                rounds.append((i, ctx, accepted, limit))
+            stream, held = self._rows[i].stream, len(self._rows[i].tokens)
+            if accepted is None:
+                steps.append(CatchUp(stream, [int(t) for t in ctx[held:]], limit))
+            else:
+                steps.append(Commit(stream, Verdict(accepted, int(ctx[-1])), limit))
+        t0 = self._clock.now()
+        results = exchange(self.card, steps)
+        card_s = self._clock.now() - t0
+        for (i, ctx, _, _), step, result in zip(plans, steps, results, strict=True):
+            if isinstance(result, ExstillError):
+                self._drop(i, result)
                 continue
-            try:
-                tracked.stream.prefill([int(t) for t in ctx[len(tracked.tokens) :]])
+            if isinstance(step, Commit):
+                self.stats.commits += 1
+                self.stats.prefetch_hits += result.prefetch_hit
+            else:
                 self.stats.prefills += 1
-                out[i] = self._record(tracked, ctx, tracked.stream.draft(limit))
-            except DeviceLostError:
-                raise
-            except ExstillError as exc:
-                self._drop(i, exc)
-        in_flight: list[tuple[int, np.ndarray, int, int]] = []  # (row, context, rid, accepted)
-        with self.card.sent_together():
-            for i, ctx, accepted, limit in rounds:
-                try:
-                    rid = self._rows[i].stream.send_commit(accepted, int(ctx[-1]), limit)
-                except DeviceLostError:
-                    raise
-                except ExstillError as exc:
-                    self._drop(i, exc)
-                    continue
-                in_flight.append((i, ctx, rid, accepted))
-        for i, ctx, rid, accepted in in_flight:
-            tracked = self._rows[i]
-            try:
-                draft = tracked.stream.receive_commit(rid, accepted)
-            except DeviceLostError:
-                raise
-            except ExstillError as exc:
-                self._drop(i, exc)
-                continue
-            self.stats.commits += 1
-            self.stats.prefetch_hits += draft.prefetch_hit
-            out[i] = self._record(tracked, ctx, draft)
-        if self.adaptive:  # what the planner times the next step by
-            ended = time.perf_counter()
-            drafted = sum(len(d) for d in out) if only_commits else None
-            self._last_step = (sum(len(d) + 1 for d in out), ended, drafted, ended - started)
+            out[i] = self._record(self._rows[i], ctx, result)
+        drafted = sum(len(d) for d in out)
+        self._clock.card(card_s, drafted if only_commits else None)
+        self._clock.begin_pass(drafted + len(out))
         return out
 
     def _plan(
         self,
         plans: list[tuple[int, np.ndarray, int | None, int]],
         k: int,
-        started: float,
-        steady: bool,
+        timing: PassTiming,
     ) -> list[tuple[int, np.ndarray, int | None, int]]:
         """The planner's K for every row (at most its limit), after it has seen the step that
-        just ran: each row's accepted count, and the pass's time when the step only verified
-        drafts (no prompt in it)."""
+        just ran: each row's accepted count, and the pass's time."""
         planner = self.planner
         if planner is None or planner.max_k < k:
             planner = self.planner = BatchK(max_k=k)
@@ -279,9 +264,7 @@ class RowStreams:
             tracked = self._rows[i]
             if accepted is not None and tracked.draft is not None:
                 planner.observe_round(tracked.key(), len(tracked.draft), accepted)
-        if steady and self._last_step is not None:
-            tokens, ended, drafted, other = self._last_step
-            planner.observe_pass(tokens, started - ended, drafted, other)
+        planner.observe_pass(timing)
         ks = planner.choose([self._rows[i].key() for i, *_ in plans], [p[3] for p in plans])
         return [(i, ctx, accepted, kk) for (i, ctx, accepted, _), kk in zip(plans, ks, strict=True)]
 

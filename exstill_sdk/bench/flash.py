@@ -40,12 +40,7 @@ def run(url: str, size_mb: int = 256, key: str | None = None) -> dict[str, Any]:
             def drop(offset: int) -> None:
                 if cut and offset >= cut[0]:
                     cut.clear()
-                    transport = card._transport
-                    sock = getattr(transport, "_sock", None)
-                    if sock is not None:
-                        sock.shutdown(2)
-                    else:
-                        transport.close()
+                    card.transport.interrupt()
 
             resumed = flash(
                 card,

@@ -28,6 +28,8 @@ from typing import Any
 from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.bench.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
+from exstill_sdk.protocol.drafts import Verdict
+from exstill_sdk.speculative.estimators import fit_line
 
 PAUSE_S = 0.02
 """Between measured card rounds: the card finishes drafting ahead meanwhile."""
@@ -170,16 +172,16 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
             for s in opened:
                 s.prefill(prompt)
                 s.draft(1)
-            xs, ys = [], []
+            points = []
             for _ in range(CARD_ROUNDS):
                 for k in range(1, 9):
-                    xs.append(k + 1)  # steps: the bonus taken in, then one per drafted token
-                    ys.append(_miss_us(card, opened, k) - rtt)
-            lines.append(_line(xs, ys))
+                    # steps: the bonus taken in, then one per drafted token
+                    points.append((k + 1, _miss_us(card, opened, k) - rtt, 1.0))
+            lines.append(fit_line(points, min_slope=None))
         finally:
             for s in opened:
                 s.close()
-    (per_token, fixed), (per_token_all, fixed_all) = lines
+    (fixed, per_token), (fixed_all, per_token_all) = lines
     per_stream_fixed = max(0.0, (fixed_all - fixed) / (streams - 1))
     return {
         "card": {
@@ -204,9 +206,12 @@ def _miss_us(card: Any, streams: list[Any], k: int) -> float:
     time.sleep(PAUSE_S)
     start = time.perf_counter()
     with card.sent_together():
-        rids = [(s, s.send_commit(0, _other(s.last_draft), k)) for s in streams]
-    for s, rid in rids:
-        s.receive_commit(rid, 0)
+        sent = []
+        for s in streams:
+            verdict = Verdict(0, _other(s.last_draft.tokens))
+            sent.append((s, verdict, s.send_commit(verdict, k)))
+    for s, verdict, rid in sent:
+        s.receive_commit(rid, verdict)
     return (time.perf_counter() - start) * 1e6
 
 
@@ -216,21 +221,12 @@ def _other(draft: Sequence[int]) -> int:
     return draft[0] - 1 if draft and draft[0] > 0 else 1
 
 
-def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Slope and intercept of the least-squares line."""
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
-    return slope, my - slope * mx
-
-
 def host_line(points: list[tuple[int, float]]) -> dict[str, float]:
     """``[host]`` from (users, host microseconds a pass) of measured runs."""
     if len({u for u, _ in points}) < 2:
         (_, us), *_ = points
         return {"us_per_round": round(us, 1), "us_per_sequence": 0.0}
-    per_sequence, per_round = _line([float(u) for u, _ in points], [us for _, us in points])
+    per_round, per_sequence = fit_line(((u, us, 1.0) for u, us in points), min_slope=None)
     if per_round < 0:  # a line through the origin: every microsecond is per sequence
         per_sequence, per_round = sum(y for _, y in points) / sum(u for u, _ in points), 0.0
     return {

@@ -20,12 +20,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exstill_sdk.bench.placement import listening_pid, placed
-from exstill_sdk.card import Card, open_card
+from exstill_sdk.card import DEFAULT_TIMEOUT, Card, open_card
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.protocol.constants import FRAME_OVERHEAD
+from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.protocol.framing import encode_stream_frame
 from exstill_sdk.protocol.messages import COMMIT_REQUEST
-from exstill_sdk.transport.base import Transport
+from exstill_sdk.transport.base import Transport, open_transport
 from exstill_sdk.transport.bytestream import ByteStreamTransport
 
 BLOCK = 250
@@ -91,9 +92,9 @@ class _Rounds:
         draft = self.draft
         for _ in range(n):
             accepted = len(draft.tokens)
-            bonus = period[(stream.length + accepted) % 97]
+            verdict = Verdict(accepted, period[(stream.length + accepted) % 97])
             t0 = clock()
-            draft = stream.commit(accepted, bonus, k)
+            draft = stream.commit(verdict, k)
             out.append(clock() - t0)
         self.draft = draft
         return out
@@ -171,13 +172,13 @@ def _steps(states: list[_Rounds], n: int, pipelined: bool) -> list[float]:
         if pipelined:
             sent = []
             for st in states:
-                accepted = len(st.draft.tokens)
-                sent.append((st, st.stream.send_commit(accepted, st.bonus(), st.k), accepted))
-            for st, rid, accepted in sent:
-                st.draft = st.stream.receive_commit(rid, accepted)
+                verdict = Verdict(len(st.draft.tokens), st.bonus())
+                sent.append((st, st.stream.send_commit(verdict, st.k), verdict))
+            for st, rid, verdict in sent:
+                st.draft = st.stream.receive_commit(rid, verdict)
         else:
             for st in states:
-                st.draft = st.stream.commit(len(st.draft.tokens), st.bonus(), st.k)
+                st.draft = st.stream.commit(Verdict(len(st.draft.tokens), st.bonus()), st.k)
         out.append(clock() - t0)
     for st in states:
         st.reset_if_long()
@@ -219,15 +220,18 @@ def run(
         raise InvalidArgumentError(
             "need 1 <= k <= 255, rounds >= 1, context >= 200, 1 <= streams <= 255"
         )
+    # Bytes on the link per round, framing included: 100 untimed rounds on a connection of
+    # their own, whose link counts them (the timed rounds' link counts nothing).
+    counter = _CountingTransport(open_transport(url, DEFAULT_TIMEOUT))
+    with Card(counter) as counted:
+        counted_rounds = _Rounds(counted, k, context)
+        counter.bytes = 0
+        counted_rounds.timed(100)
+        bytes_per_round = counter.bytes / 100
+        counted_rounds.stream.close()
     card = open_card(url)
-    counter = _CountingTransport(card._transport)
     try:
         rounds_state = _Rounds(card, k, context)
-        # Bytes on the link per round, framing included: measured on 100 untimed rounds.
-        card._transport = counter
-        rounds_state.timed(100)
-        card._transport = counter.inner
-        bytes_per_round = counter.bytes / 100
         commit_frame = FRAME_OVERHEAD + COMMIT_REQUEST.size
         request_bytes = (
             len(encode_stream_frame(bytes(commit_frame))) if counter.framed else commit_frame

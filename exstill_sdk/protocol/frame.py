@@ -32,10 +32,19 @@ class Frame(NamedTuple):
     payload: bytes
 
 
+def pack_frame(opcode: int, request_id: int, handle: int, payload: bytes = b"") -> bytes:
+    """The bytes of one frame of this protocol version, for a payload the caller knows fits:
+    the one frame builder of the request and reply paths (struct.error for a header field out
+    of range)."""
+    body = HEADER.pack(PROTOCOL_VERSION, opcode, request_id, handle, len(payload)) + payload
+    return body + CRC.pack(crc32(body))
+
+
 def encode_frame(
     opcode: int, request_id: int, handle: int, payload: bytes = b"", version: int = PROTOCOL_VERSION
 ) -> bytes:
-    """The bytes of one frame (no byte-stream framing)."""
+    """The bytes of one frame (no byte-stream framing), its payload checked against the limit;
+    ``version`` lets a test speak another version."""
     if len(payload) > MAX_PAYLOAD:
         raise ProtocolError(
             f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD}-byte limit; "

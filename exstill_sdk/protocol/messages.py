@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from exstill_sdk.errors import ProtocolError
 from exstill_sdk.protocol.constants import (
@@ -24,6 +23,7 @@ from exstill_sdk.protocol.constants import (
     ErrorCode,
     Opcode,
 )
+from exstill_sdk.protocol.drafts import Distribution, Draft, Verdict
 from exstill_sdk.protocol.frame import seal
 
 U8 = struct.Struct("<B")
@@ -333,32 +333,6 @@ def decode_commit_request(data: bytes) -> CommitRequest:
 # ---------------------------------------------------------------- DRAFT reply
 
 
-@dataclass(frozen=True)
-class Distribution:
-    """One drafted position's distribution: q(tokens[i]) = weights[i] / sum(weights)."""
-
-    tokens: tuple[int, ...]
-    weights: tuple[int, ...]
-
-    def probability(self, token: int) -> float:
-        total = sum(self.weights)
-        return sum(w for t, w in zip(self.tokens, self.weights, strict=True) if t == token) / total
-
-
-class DraftReply(NamedTuple):
-    """The card's proposal for the next tokens of a stream (a DRAFT or COMMIT reply). A
-    NamedTuple: it is made every round."""
-
-    tokens: tuple[int, ...]
-    prefetch_hit: bool = False
-    """True when the card had drafted this ahead while the host verified."""
-    dists: tuple[Distribution, ...] | None = None
-    """In DIST wire mode, the exact distribution each token was sampled from."""
-    lookup: bool = False
-    """True when prompt lookup drafted it (a stream opened with ``lookup=True``), not the
-    model."""
-
-
 def encode_dist(d: Distribution) -> bytes:
     n = len(d.tokens)
     if not 1 <= n <= MAX_DIST_ENTRIES or len(d.weights) != n:
@@ -387,7 +361,7 @@ def draft_reply_payload(
     return head + draft + b"".join(encode_dist(d) for d in dists)
 
 
-def encode_draft_reply(m: DraftReply) -> bytes:
+def encode_draft_reply(m: Draft) -> bytes:
     n = len(m.tokens)
     if n > 255:
         raise _bad("a draft has at most 255 tokens")
@@ -398,7 +372,7 @@ def encode_draft_reply(m: DraftReply) -> bytes:
     return draft_reply_payload(m.prefetch_hit, draft, m.dists, m.lookup)
 
 
-def parse_draft_reply_frame(frame: bytes) -> DraftReply:
+def parse_draft_reply_frame(frame: bytes) -> Draft:
     """The draft in a checked DRAFT or COMMIT reply frame: what the host reads every round
     (a plain draft straight from the frame; anything else through ``decode_draft_reply``)."""
     n = len(frame)
@@ -408,7 +382,7 @@ def parse_draft_reply_frame(frame: bytes) -> DraftReply:
     if flags & ~_PLAIN_DRAFT_FLAGS or n != FRAME_OVERHEAD + 2 + 4 * count:
         return decode_draft_reply(frame[HEADER_SIZE:-CRC_SIZE])  # dists, odd flags, bad length
     tokens = TOKENS[count].unpack_from(frame, HEADER_SIZE + 2)
-    return DraftReply(tokens, bool(flags & _HIT), None, bool(flags & _LOOKUP))
+    return Draft(tokens, bool(flags & _HIT), None, bool(flags & _LOOKUP))
 
 
 # The request frames of a round, header and payload in one precompiled struct each.
@@ -416,7 +390,7 @@ COMMIT_FRAME = struct.Struct("<BBHIIBBI")  # header, then accepted, next_k, bonu
 DRAFT_FRAME = struct.Struct("<BBHIIB")  # header, then k
 
 
-def commit_frame(rid: int, handle: int, accepted: int, next_k: int, bonus: int) -> bytes:
+def commit_frame(rid: int, handle: int, verdict: Verdict, next_k: int) -> bytes:
     """A COMMIT frame (struct.error for a field out of range)."""
     return seal(
         COMMIT_FRAME.pack(
@@ -425,9 +399,9 @@ def commit_frame(rid: int, handle: int, accepted: int, next_k: int, bonus: int) 
             rid,
             handle,
             COMMIT_REQUEST.size,
-            accepted,
+            verdict.accepted,
             next_k,
-            bonus,
+            verdict.token,
         )
     )
 
@@ -437,7 +411,7 @@ def draft_frame(rid: int, handle: int, k: int) -> bytes:
     return seal(DRAFT_FRAME.pack(PROTOCOL_VERSION, Opcode.DRAFT, rid, handle, 1, k))
 
 
-def decode_draft_reply(data: bytes) -> DraftReply:
+def decode_draft_reply(data: bytes) -> Draft:
     try:
         flags, n = DRAFT_REPLY_HEAD.unpack_from(data)
         tokens = TOKENS[n].unpack_from(data, 2)
@@ -464,7 +438,7 @@ def decode_draft_reply(data: bytes) -> DraftReply:
         pos = r.pos
     if pos != len(data):
         raise _bad(f"{len(data) - pos} unexpected bytes after the draft")
-    return DraftReply(
+    return Draft(
         tokens, bool(flags & DraftFlags.PREFETCH_HIT), dists, bool(flags & DraftFlags.LOOKUP)
     )
 

@@ -1,8 +1,8 @@
 """Verifying a draft: which drafted tokens the target accepts, and the token it adds.
 
-Every rule returns ``(n, token)``: the first n drafted tokens are accepted and ``token`` follows
-them, the target's own (its correction at the first rejection, or the bonus after a fully
-accepted draft). All three keep the output exactly the target's:
+Every rule returns a ``Verdict(accepted, token)``: the first ``accepted`` drafted tokens are
+accepted and ``token`` follows them, the target's own (its correction at the first rejection,
+or the bonus after a fully accepted draft). All three keep the output exactly the target's:
 
 - greedy: accept while the draft equals the target's argmax; the token is the target's argmax
   at the first difference (or after the draft);
@@ -21,11 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from exstill_sdk.errors import ProtocolError, TargetOutputError
-from exstill_sdk.protocol.messages import Distribution
+from exstill_sdk.protocol.drafts import Distribution, Verdict
 from exstill_sdk.speculative.sampling import sample
 
 
-def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
+def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> Verdict:
     """Raises TargetOutputError when a logit it decides by is NaN or infinite (NaN and +inf
     always win the argmax, so one pass over the logits finds both)."""
     best = target_logits.argmax(axis=-1)
@@ -35,7 +35,7 @@ def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int,
     for i in range(n + 1):
         if not math.isfinite(target_logits[i, best[i]]):
             raise TargetOutputError("target returned NaN or infinite logits")
-    return n, int(best[n])
+    return Verdict(n, int(best[n]))
 
 
 def dense(dist: Distribution, vocab: int) -> np.ndarray:
@@ -53,7 +53,7 @@ def verify_with_distributions(
     dists: Sequence[Distribution],
     p: np.ndarray,
     rng: np.random.Generator,
-) -> tuple[int, int]:
+) -> Verdict:
     vocab = p.shape[-1]
     for i, x in enumerate(draft):
         q = dense(dists[i], vocab)
@@ -62,17 +62,15 @@ def verify_with_distributions(
         if rng.random() * q[x] < p[i, x]:  # u < p/q without dividing
             continue
         residual = np.maximum(p[i] - q, 0.0)
-        return i, sample(residual, rng)
-    return len(draft), sample(p[len(draft)], rng)
+        return Verdict(i, sample(residual, rng))
+    return Verdict(len(draft), sample(p[len(draft)], rng))
 
 
-def verify_tokens_only(
-    draft: Sequence[int], p: np.ndarray, rng: np.random.Generator
-) -> tuple[int, int]:
+def verify_tokens_only(draft: Sequence[int], p: np.ndarray, rng: np.random.Generator) -> Verdict:
     for i, x in enumerate(draft):
         if rng.random() < p[i, x]:
             continue
         rest = p[i].copy()
         rest[x] = 0.0
-        return i, sample(rest, rng)
-    return len(draft), sample(p[len(draft)], rng)
+        return Verdict(i, sample(rest, rng))
+    return Verdict(len(draft), sample(p[len(draft)], rng))

@@ -51,12 +51,3 @@ class TargetAdapter(ABC):
 
     def release(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """The sequence finished; free its cache."""
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens two sequences share (for adapters that reuse a cache)."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

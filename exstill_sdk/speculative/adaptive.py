@@ -46,6 +46,8 @@ microseconds, numpy's per-call overhead on arrays of nine numbers would be a vis
 
 from __future__ import annotations
 
+from exstill_sdk.speculative.estimators import MovingAverage, PositionAcceptance, fit_line
+
 PRIOR = 0.8
 PRIOR_WEIGHT = 2.0
 MIN_SAMPLES = 2
@@ -122,14 +124,14 @@ class AdaptiveK(KPolicy):
         # With nothing measured yet the prior (acceptance 0.8 everywhere) and unknown costs
         # favour the longest draft; measurements bring K down when the draft is poor.
         self.initial = max_k if initial is None else min(initial, max_k)
-        self.reached = [0.0] * (max_k + 1)
-        self.accepted = [0.0] * (max_k + 1)
-        self._count = [0] * (max_k + 2)  # per n = tokens verified
-        self._mean = [0.0] * (max_k + 2)
-        self._round_mean = [0.0] * (max_k + 1)  # per K: verify + host time of its rounds
-        self._done_count = [0] * (max_k + 1)  # per K: rounds measured whole (card wait too)
-        self._done_tokens = [0.0] * (max_k + 1)  # their average tokens and seconds
-        self._done_seconds = [0.0] * (max_k + 1)
+        self.acceptance = PositionAcceptance(max_k)
+        self._verify = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 2)]
+        """Per n = tokens verified: the target's seconds."""
+        self._round = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 1)]
+        """Per K: verify + host seconds of its rounds (counted with ``_verify[K + 1]``)."""
+        self._done_tokens = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 1)]
+        self._done_seconds = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 1)]
+        """Per K: rounds measured whole (card wait too), their tokens and seconds."""
         self._wait: tuple[int, float] | None = None  # the card wait of the next round's draft
         self._done_at = [0] * (max_k + 1)  # per K: the round it was last measured whole
         self._bias = 1.0  # measured / formula tokens per second, for the K not measured lately
@@ -153,16 +155,11 @@ class AdaptiveK(KPolicy):
         card_wait_s: float,
     ) -> None:
         self.rounds += 1
-        for j in range(1, min(k, accepted + 1) + 1):  # reached: all before it were accepted
-            self.reached[j] += 1
-            self.accepted[j] += j <= accepted
+        self.acceptance.observe(k, accepted)
         if self.rounds % ACCEPTANCE_HALF_LIFE == 0:
-            self._halve_acceptance()
-        n = k + 1
-        self._count[n] += 1
-        weight = 1 / min(self._count[n], VERIFY_WINDOW)
-        self._mean[n] += (verify_s - self._mean[n]) * weight
-        self._round_mean[k] += (verify_s + other_s - self._round_mean[k]) * weight
+            self.acceptance.halve()
+        self._verify[k + 1].update(verify_s)
+        self._round[k].update(verify_s + other_s)
         if not k:
             if self._last_k == 0:  # the card idle since the round before: no draft beside it
                 self._done(0, 1.0, verify_s + other_s)
@@ -179,27 +176,19 @@ class AdaptiveK(KPolicy):
 
     def _done(self, k: int, tokens: float, seconds: float, rounds: int = 1) -> None:
         """A whole round at K (``rounds`` of them, averaged): what it yielded and cost."""
-        self._done_count[k] += rounds
         self._done_at[k] = self.rounds
-        weight = min(1.0, rounds / min(self._done_count[k], VERIFY_WINDOW))
-        self._done_tokens[k] += (tokens - self._done_tokens[k]) * weight
-        self._done_seconds[k] += (seconds - self._done_seconds[k]) * weight
-
-    def _halve_acceptance(self) -> None:
-        self.reached = [r / 2 for r in self.reached]
-        self.accepted = [a / 2 for a in self.accepted]
+        self._done_tokens[k].update(tokens, rounds)
+        self._done_seconds[k].update(seconds, rounds)
 
     def observe_plain(self, rounds: int, verify_s: float, other_s: float) -> None:
         self._done(0, 1.0, verify_s + other_s, rounds)
         self._wait, self._last_k = None, 0
         if self.rounds // ACCEPTANCE_HALF_LIFE != (self.rounds + rounds) // ACCEPTANCE_HALF_LIFE:
-            self._halve_acceptance()
+            self.acceptance.halve()
         self.rounds += rounds
         self._idle_rounds += rounds
-        self._count[1] += rounds
-        weight = min(1.0, rounds / min(self._count[1], VERIFY_WINDOW))
-        self._mean[1] += (verify_s - self._mean[1]) * weight
-        self._round_mean[0] += (verify_s + other_s - self._round_mean[0]) * weight
+        self._verify[1].update(verify_s, rounds)
+        self._round[0].update(verify_s + other_s, rounds)
         self.other += min(1.0, 0.2 * rounds) * (other_s - self.other)
 
     def plain_rounds(self) -> int:
@@ -212,35 +201,30 @@ class AdaptiveK(KPolicy):
 
     def verify_times(self) -> list[float]:
         """Seconds to verify n = 1 .. max_k + 1 tokens (index n - 1), as the docstring says."""
-        points = [
-            (n, self._mean[n]) for n, c in enumerate(self._count) if c >= MIN_SAMPLES and n
-        ] or [(n, self._mean[n]) for n, c in enumerate(self._count) if c and n]
-        if len(points) == 1:
-            slope, intercept = 0.0, points[0][1]
-        else:
-            mx = sum(n for n, _ in points) / len(points)
-            my = sum(y for _, y in points) / len(points)
-            spread = sum((n - mx) ** 2 for n, _ in points)
-            slope = max(0.0, sum((n - mx) * (y - my) for n, y in points) / spread)
-            intercept = my - slope * mx
+        seen = [(n, a) for n, a in enumerate(self._verify) if n and a.count]
+        points = [(n, a.value) for n, a in seen if a.count >= MIN_SAMPLES] or [
+            (n, a.value) for n, a in seen
+        ]
+        line = fit_line((n, y, 1.0) for n, y in points)
         measured = dict(points)
-        return [measured.get(n, max(intercept + slope * n, 1e-9)) for n in range(1, self.max_k + 2)]
+        return [measured.get(n, max(line(n), 1e-9)) for n in range(1, self.max_k + 2)]
 
     def round_times(self) -> list[float]:
         """c + v(K + 1) for K = 0 .. max_k: measured where rounds of that K were seen at least
         twice (what the target and the host really spent on them), else from the model."""
         verify = self.verify_times()
         return [
-            self._round_mean[k] if self._count[k + 1] >= MIN_SAMPLES else self.other + verify[k]
+            self._round[k].value if self._round[k].count >= MIN_SAMPLES else self.other + verify[k]
             for k in range(self.max_k + 1)
         ]
 
     def _measured_rate(self, k: int) -> float:
         """Tokens per second that rounds at K really gave, once seen often enough and lately;
         else 0."""
-        if self._done_count[k] < MEASURED_ROUNDS or self.rounds - self._done_at[k] > STALE_ROUNDS:
+        done = self._done_tokens[k]
+        if done.count < MEASURED_ROUNDS or self.rounds - self._done_at[k] > STALE_ROUNDS:
             return 0.0
-        return self._done_tokens[k] / self._done_seconds[k]
+        return done.value / self._done_seconds[k].value
 
     def _plan(self) -> int:
         """K* over 0..max_k, as the module docstring says."""
@@ -252,11 +236,13 @@ class AdaptiveK(KPolicy):
         model = [0.0]
         expected, run = 1.0, 1.0
         for k in range(1, self.max_k + 1):
-            run *= (self.accepted[k] + PRIOR * PRIOR_WEIGHT) / (self.reached[k] + PRIOR_WEIGHT)
+            run *= self.acceptance.rate(k, PRIOR, PRIOR_WEIGHT)
             expected += run
             model.append(expected / (times[k] + self.draft_per_token * k))
         measured = [self._measured_rate(k) for k in range(self.max_k + 1)]
-        known = max(range(1, self.max_k + 1), key=lambda k: (measured[k] > 0, self._done_count[k]))
+        known = max(
+            range(1, self.max_k + 1), key=lambda k: (measured[k] > 0, self._done_tokens[k].count)
+        )
         if measured[known]:  # what the formula misses for drafting rounds, it misses for all
             self._bias = measured[known] / model[known]
         for k in range(1, self.max_k + 1):
@@ -269,7 +255,7 @@ class AdaptiveK(KPolicy):
     def _target_alone_in_doubt(self, best: int) -> bool:
         """Whether rounds of the target alone should be measured (again): drafting does not
         already give twice their estimated rate, and they were not measured lately."""
-        fresh = self._done_count[0] >= MEASURED_ROUNDS
+        fresh = self._done_tokens[0].count >= MEASURED_ROUNDS
         fresh = fresh and self.rounds - self._done_at[0] <= STALE_ROUNDS
         return not fresh and self._rates[best] < CLEAR_WIN * self._rates[0]
 
@@ -277,7 +263,7 @@ class AdaptiveK(KPolicy):
         max_k = min(max_k, self.max_k)
         if max_k <= 0:
             return 0
-        if self.rounds < 2 or sum(self._count) < 2:  # no verify cost to weigh yet
+        if self.rounds < 2 or sum(a.count for a in self._verify) < 2:  # no verify cost yet
             return min(self.initial, max_k)
         every = self.REPLAN_EVERY if self._best else self.REPLAN_EVERY * 4  # idle: calmer
         if self._best < 0 or self.rounds - self._planned_at >= every:
@@ -297,7 +283,8 @@ class AdaptiveK(KPolicy):
         half = self.EXPLORE_EVERY // 2
         if phase in (half, half + 1) and self._target_alone_in_doubt(best):
             # two rounds of the target alone: the second is measured, with the card quiet
-            self._done_count[0] = min(self._done_count[0], MEASURED_ROUNDS)  # weigh new more
+            for done in (self._done_tokens[0], self._done_seconds[0]):  # weigh new ones more
+                done.count = min(done.count, MEASURED_ROUNDS)
             return 0
         if phase == half:
             return best - 1

@@ -38,6 +38,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from exstill_sdk.speculative.estimators import Line, MovingAverage, PositionAcceptance, fit_line
+from exstill_sdk.speculative.timing import PassTiming
+
 PRIOR = 0.8
 PRIOR_WEIGHT = 2.0
 POOLED_WEIGHT = 4.0
@@ -62,30 +65,25 @@ class LineCost:
     flat while one size is measured) for every size."""
 
     def __init__(self) -> None:
-        self._mean: dict[int, float] = {}
-        self._count: dict[int, int] = {}
-        self._line: tuple[float, float] | None = None
+        self._mean: dict[int, MovingAverage] = {}
+        self._line: Line | None = None
 
     def observe(self, tokens: int, seconds: float) -> None:
-        count = self._count[tokens] = self._count.get(tokens, 0) + 1
-        mean = self._mean.get(tokens, seconds)
-        self._mean[tokens] = mean + (seconds - mean) / min(count, WINDOW)
+        average = self._mean.get(tokens)
+        if average is None:
+            average = self._mean[tokens] = MovingAverage(WINDOW)
+        average.update(seconds)
         self._line = None
 
-    @property
-    def measured(self) -> dict[int, float]:
-        return dict(self._mean)
-
     def _points(self) -> list[tuple[int, float, int]]:
-        return [(t, y, min(self._count[t], WINDOW)) for t, y in self._mean.items()]
+        return [(t, a.value, min(a.count, WINDOW)) for t, a in self._mean.items()]
 
     def __call__(self, tokens: int) -> float:
         if not self._mean:
             return 0.0
         if self._line is None:
-            self._line = _line(self._points())
-        intercept, slope = self._line
-        return max(0.0, intercept + slope * tokens)
+            self._line = fit_line(self._points())
+        return max(0.0, self._line(tokens))
 
 
 class PassCost(LineCost):
@@ -103,11 +101,11 @@ class PassCost(LineCost):
 
     def __call__(self, tokens: int) -> float:
         if len(self._mean) < 2:  # until two sizes are known: as if every token cost the same
-            t, y = next(iter(self._mean.items()), (1, 1.0))
+            t, y = next(((t, a.value) for t, a in self._mean.items()), (1, 1.0))
             return y * tokens / t
         if self._line is None:
-            self._line = _line(self._points())
-            self._slope = self._line[1]
+            self._line = fit_line(self._points())
+            self._slope = self._line.slope
             self._knots = self._fit()
         knots = self._knots
         if tokens <= knots[0][0]:
@@ -121,28 +119,15 @@ class PassCost(LineCost):
 
     def _fit(self) -> list[tuple[float, float]]:
         blocks: list[list[float]] = []  # [weight, weighted size, weighted seconds]
-        for t in sorted(self._mean):
-            w = float(min(self._count[t], WINDOW))
-            blocks.append([w, w * t, w * self._mean[t]])
+        for t, y, count in sorted(self._points()):
+            w = float(count)
+            blocks.append([w, w * t, w * y])
             while len(blocks) > 1 and blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]:
                 w2, t2, y2 = blocks.pop()
                 blocks[-1][0] += w2
                 blocks[-1][1] += t2
                 blocks[-1][2] += y2
         return [(t / w, y / w) for w, t, y in blocks]
-
-
-def _line(points: list[tuple[int, float, int]]) -> tuple[float, float]:
-    """Intercept and slope (at least 0) of the weighted least-squares line through
-    (x, y, weight); flat through their mean with fewer than two sizes."""
-    total = sum(w for _, _, w in points)
-    mx = sum(t * w for t, _, w in points) / total
-    my = sum(y * w for _, y, w in points) / total
-    spread = sum(w * (t - mx) ** 2 for t, _, w in points)
-    if len(points) < 2 or not spread:
-        return my, 0.0
-    slope = max(0.0, sum(w * (t - mx) * (y - my) for t, y, w in points) / spread)
-    return my - slope * mx, slope
 
 
 class BatchK:
@@ -155,61 +140,51 @@ class BatchK:
         """Seconds of a round outside its pass (acceptance, the card's replies, the host), by
         the tokens drafted for the next round: the card drafts them again when a draft ahead
         missed."""
-        self._reached: dict[int, list[float]] = {}
-        self._accepted: dict[int, list[float]] = {}
-        self.pooled_reached = [0.0] * (max_k + 1)
-        self.pooled_accepted = [0.0] * (max_k + 1)
+        self._acceptance: dict[int, PositionAcceptance] = {}
+        """Each sequence's own counts."""
+        self.pooled = PositionAcceptance(max_k)
         self.passes = 0
-        self.last_plan: list[int] = []
 
     # ------------------------------------------------------------------ measurements
 
     def observe_round(self, seq: int, k: int, accepted: int) -> None:
         """Sequence ``seq`` drafted ``k`` tokens and ``accepted`` of them were accepted."""
-        reached = self._reached.setdefault(seq, [0.0] * (self.max_k + 1))
-        hits = self._accepted.setdefault(seq, [0.0] * (self.max_k + 1))
-        for j in range(1, min(k, accepted + 1) + 1):  # reached: all before it were accepted
-            ok = j <= accepted
-            reached[j] += 1
-            hits[j] += ok
-            self.pooled_reached[j] += 1
-            self.pooled_accepted[j] += ok
+        own = self._acceptance.get(seq)
+        if own is None:
+            own = self._acceptance[seq] = PositionAcceptance(self.max_k)
+        own.observe(k, accepted)
+        self.pooled.observe(k, accepted)
 
-    def observe_pass(self, tokens: int, seconds: float, drafted: int | None, other: float) -> None:
-        """A pass of ``tokens`` tokens took ``seconds``; the rest of its round, in which the
-        card drafted ``drafted`` tokens for the next, took ``other`` (None: a round that also
-        brought a stream up to date, which is not what drafting costs)."""
-        self.cost.observe(tokens, seconds)
-        if drafted is not None:
-            self.other.observe(drafted, other)
+    def observe_pass(self, timing: PassTiming) -> None:
+        """A pass and the round before it: the pass's cost by its tokens, and the round's by
+        the tokens the card drafted in it (not a round that also brought a stream up to date,
+        which is not what drafting costs). Passes that held a prompt, and passes whose round is
+        unknown, are not counted."""
+        if not timing.steady or timing.round_s is None:
+            return
+        self.cost.observe(timing.tokens, timing.pass_s)
+        if timing.drafted is not None:
+            self.other.observe(timing.drafted, timing.round_s)
         self.passes += 1
         if self.passes % SEQUENCE_HALF_LIFE == 0:
-            for counts in (*self._reached.values(), *self._accepted.values()):
-                counts[:] = [c / 2 for c in counts]
+            for own in self._acceptance.values():
+                own.halve()
         if self.passes % HALF_LIFE == 0:
-            self.pooled_reached = [c / 2 for c in self.pooled_reached]
-            self.pooled_accepted = [c / 2 for c in self.pooled_accepted]
+            self.pooled.halve()
 
     def forget(self, seq: int) -> None:
         """The sequence finished."""
-        self._reached.pop(seq, None)
-        self._accepted.pop(seq, None)
+        self._acceptance.pop(seq, None)
 
     # ------------------------------------------------------------------ the choice
 
     def acceptance(self, seq: int) -> list[float]:
         """a(seq, l) for l = 1..max_k (index l - 1)."""
-        reached = self._reached.get(seq)
-        hits = self._accepted.get(seq)
+        own = self._acceptance.get(seq)
         out = []
         for j in range(1, self.max_k + 1):
-            pooled = (self.pooled_accepted[j] + PRIOR * PRIOR_WEIGHT) / (
-                self.pooled_reached[j] + PRIOR_WEIGHT
-            )
-            if reached is None or hits is None:
-                out.append(pooled)
-            else:
-                out.append((hits[j] + pooled * POOLED_WEIGHT) / (reached[j] + POOLED_WEIGHT))
+            pooled = self.pooled.rate(j, PRIOR, PRIOR_WEIGHT)
+            out.append(pooled if own is None else own.rate(j, pooled, POOLED_WEIGHT))
         return out
 
     def _gains(self, seqs: list[int], limits: list[int]) -> list[tuple[float, int]]:
@@ -257,7 +232,6 @@ class BatchK:
             step = max(1, len(seqs) // 2, m // 2)
             m += step if phase % EXPLORE_EVERY == 3 else -step
             ks = self._explore(seqs, limits, max(0, m))
-        self.last_plan = ks
         return ks
 
     def _explore(self, seqs: list[int], limits: list[int], m: int) -> list[int]:

@@ -19,22 +19,25 @@ import time
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Literal
 
 import numpy as np
 
-from exstill_sdk.card import Card, Draft, DraftStream
 from exstill_sdk.errors import (
     CardFullError,
     ContextFullError,
     DeviceLostError,
+    ExstillError,
     InvalidArgumentError,
     LinkTimeoutError,
     TargetOutputError,
     TokenizerMismatchError,
     UnknownModelError,
 )
+from exstill_sdk.interface import CardInterface
 from exstill_sdk.protocol.constants import WireMode
+from exstill_sdk.protocol.drafts import NO_DRAFT, Draft, Verdict
 from exstill_sdk.speculative.acceptance import (
     verify_greedy,
     verify_tokens_only,
@@ -44,7 +47,10 @@ from exstill_sdk.speculative.adapter import TargetAdapter
 from exstill_sdk.speculative.adaptive import AdaptiveK, FixedK, KPolicy
 from exstill_sdk.speculative.batch_k import BatchK
 from exstill_sdk.speculative.metrics import SpecMetrics
+from exstill_sdk.speculative.rounds import CatchUp, Commit, KPlanner, PolicyPlanner, exchange
 from exstill_sdk.speculative.sampling import SamplingParams, target_probs
+from exstill_sdk.speculative.timing import PassClock
+from exstill_sdk.stream import DraftStream
 
 FinishReason = Literal["stop", "length"]
 RECONNECT_ATTEMPTS = 3
@@ -52,14 +58,6 @@ RECONNECT_PAUSE = 0.2
 SYNC_EVERY = 128
 """While K = 0, the tokens the card has not seen go to it this many at a time, without waiting:
 the card takes them in on its own time, so that drafting again costs one short round."""
-_NO_DRAFT = Draft(())
-
-
-class _StreamLost(Exception):
-    """A COMMIT found the card gone; the round's tokens (already verified) still count."""
-
-    def __init__(self, emitted: list[int]) -> None:
-        self.emitted = emitted
 
 
 @dataclass
@@ -70,37 +68,37 @@ class GenerationResult:
     metrics: SpecMetrics
 
 
+class CardState(Enum):
+    """Where a sequence's card stream stands."""
+
+    NONE = "no stream"
+    """No stream: the sequence started at K = 0, or the card had no free stream."""
+    IN_STEP = "in step"
+    """The stream holds the context before the pending draft: one COMMIT moves it on."""
+    BEHIND = "behind"
+    """The stream lags (rounds at K = 0); its missing tokens go to it in the background
+    (``sync_rid``), the rest before its next draft."""
+
+
 @dataclass
 class _Sequence:
     index: int
-    prompt: list[int]
     max_new_tokens: int
     stops: frozenset[int]
-    policy: KPolicy
     rng: np.random.Generator
     metrics: SpecMetrics
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int]
+    """The context: prompt and every emitted token."""
     generated: list[int] = field(default_factory=list)
     stream: DraftStream | None = None
-    draft: Draft | None = None
-    card_behind: bool = False
-    """True after rounds without a card round (K = 0): the card has not been told the tokens
-    since its last draft; they go to it in the background (``sync_rid``) and the rest before
-    its next draft."""
+    card: CardState = CardState.NONE
+    draft: Draft = NO_DRAFT
+    """The draft the target verifies next (NO_DRAFT: a round of the target alone)."""
     sync_rid: int | None = None
-    """A PREFILL sent without waiting, whose reply is still to be read."""
-    commit_plan: tuple[int, int, int] | None = None
-    """A COMMIT (accepted, bonus, next K) to send with the batch's others."""
-    commit_rid: tuple[int, int] | None = None
-    """A COMMIT sent without waiting (a batch's rounds travel together): its request id and
-    accepted count, the reply still to read."""
-    finished: bool = False
-    previous_start: float = 0.0
-    last_card_wait: float = 0.0
-    asked_k: int = 0
+    """A PREFILL sent without waiting (state BEHIND), whose reply is still to be read."""
     finish: FinishReason | None = None
-    round_start: float = 0.0
     started: float = 0.0
+    finished: bool = False
 
 
 class SpeculativeDecoder:
@@ -108,18 +106,19 @@ class SpeculativeDecoder:
 
     ``draft`` names the card's target image to draft with (its tokenizer must be the
     target's); without it, the card's built-in ``engine`` (prompt lookup by default) drafts.
-    ``k`` is a fixed draft length or ``"adaptive"`` (see exstill_sdk.speculative.adaptive).
+    ``k`` is a fixed draft length, ``"adaptive"`` (see exstill_sdk.speculative.adaptive), or a
+    ``KPolicy`` of the caller's, which then chooses K for rounds of one sequence.
     """
 
     def __init__(
         self,
-        card: Card,
+        card: CardInterface,
         target: TargetAdapter,
         *,
         draft: str | None = None,
         engine: str | None = None,
         sampling: SamplingParams | None = None,
-        k: int | Literal["adaptive"] = "adaptive",
+        k: int | Literal["adaptive"] | KPolicy = "adaptive",
         max_k: int = 8,
         wire_mode: WireMode = WireMode.DIST,
         long_context: bool = False,
@@ -130,8 +129,11 @@ class SpeculativeDecoder:
         if not isinstance(max_k, int) or max_k < 0:
             raise InvalidArgumentError(f"max_k must be a whole number 0 or more, not {max_k!r}")
         self.max_k = min(max_k, card.info().max_k)
-        if k != "adaptive" and not (isinstance(k, int) and 0 <= k <= self.max_k):
-            raise InvalidArgumentError(f"k must be 0..{self.max_k} or 'adaptive', not {k!r}")
+        fixed = isinstance(k, int) and 0 <= k <= self.max_k
+        if not (k == "adaptive" or isinstance(k, KPolicy) or fixed):
+            raise InvalidArgumentError(
+                f"k must be 0..{self.max_k}, 'adaptive' or a KPolicy, not {k!r}"
+            )
         self.k = k
         self.wire_mode = wire_mode
         self.long_context = long_context
@@ -140,14 +142,23 @@ class SpeculativeDecoder:
         if draft is not None:
             self._check_target(draft)
         self.metrics = SpecMetrics(max_k=self.max_k)
-        self._adaptive = AdaptiveK(self.max_k) if k == "adaptive" else None
-        """One adaptive policy for every sequence of this decoder: what a round costs is the
-        target's and the card's, not a sequence's, and it is learnt once."""
-        self._batch_k = BatchK(self.max_k) if k == "adaptive" else None
+        self._policy = (
+            k
+            if isinstance(k, KPolicy)
+            else AdaptiveK(self.max_k)
+            if k == "adaptive"
+            else FixedK(int(k))
+        )
+        """One policy for every sequence of this decoder (what a round costs is the target's
+        and the card's, not a sequence's, and it is learnt once); it plans rounds of one
+        sequence, and every round at a fixed K."""
+        self._single = PolicyPlanner(self._policy)
+        self._batch: KPlanner = BatchK(self.max_k) if k == "adaptive" else self._single
         """K for rounds of several sequences (one pass over the target for all of them)."""
-        self._last_pass: tuple[int, float, int | None, float] | None = None
-        """The last batch pass (tokens, seconds, tokens then drafted, when it ended), to be
-        observed with the time until the next pass; None when it fed a prompt."""
+        self._clock = PassClock()
+        self._planner: KPlanner | None = None
+        """The planner of the last round: the pass timing goes to the planner that ran the
+        round before it."""
         self._streams_freed = 0
         self._card_full_at = -1
         """``_streams_freed`` when the card last refused a stream: sequences without one ask
@@ -229,18 +240,8 @@ class SpeculativeDecoder:
         self._next_index += 1
         seed = self.sampling.seed
         rng = np.random.default_rng(None if seed is None else [seed, index])
-        policy = self._adaptive if self._adaptive is not None else FixedK(int(self.k))
         tokens = [int(t) for t in prompt]
-        return _Sequence(
-            index,
-            tokens,
-            max_new_tokens,
-            stops,
-            policy,
-            rng,
-            SpecMetrics(max_k=self.max_k),
-            tokens=list(tokens),
-        )
+        return _Sequence(index, max_new_tokens, stops, rng, SpecMetrics(max_k=self.max_k), tokens)
 
     def _run(
         self,
@@ -266,7 +267,7 @@ class SpeculativeDecoder:
             sink.update({s.index: s for s in pending})
         active: list[_Sequence] = []
         started = time.perf_counter()
-        self._last_pass = None
+        self._clock.reset()
         try:
             while pending or active:
                 while pending:
@@ -281,31 +282,16 @@ class SpeculativeDecoder:
                         self._recover(active)
                         continue
                     active.append(pending.popleft())
-                if len(active) == 1 and not pending and active[0].draft is _NO_DRAFT:
-                    burst = active[0].policy.plain_rounds()
+                if len(active) == 1 and not pending and active[0].draft is NO_DRAFT:
+                    burst = self._policy.plain_rounds()
                     if burst > 1:
-                        self._last_pass = None
                         try:
                             yield from self._plain_burst(active[0], burst)
-                        except _StreamLost:
+                        except DeviceLostError:
                             self._recover(active)
                         active = [s for s in active if s.finish is None]
                         continue
-                items = [(s.index, s.tokens, s.draft.tokens) for s in active]  # type: ignore[union-attr]
-                t0 = time.perf_counter()
-                all_logits = self.target.verify_batch(items)
-                verify_s = time.perf_counter() - t0
-                lost = False
-                if len(active) > 1:
-                    lost = yield from self._batch_round(active, all_logits, t0, verify_s)
-                else:
-                    self._last_pass = None
-                    s = active[0]
-                    try:
-                        emitted = self._round(s, all_logits[0], verify_s)
-                    except _StreamLost as exc:
-                        emitted, lost = exc.emitted, True
-                    yield s, emitted
+                lost = yield from self._round(active)
                 active = [s for s in active if s.finish is None]
                 if lost:
                     self._recover(active)
@@ -315,76 +301,88 @@ class SpeculativeDecoder:
             elapsed = time.perf_counter() - started
             self.metrics.total_s += elapsed
 
-    def _batch_round(
-        self, active: list[_Sequence], all_logits: list[np.ndarray], t0: float, verify_s: float
-    ) -> Generator[tuple[_Sequence, list[int]], None, bool]:
-        """One round of several sequences after their one verification pass: acceptance for
-        each, the next K for all together, their COMMITs sent together and the replies read
-        after. Returns whether the card was lost."""
-        planner = self._batch_k
-        if planner is not None and self._last_pass is not None:
-            tokens, seconds, drafted, end = self._last_pass
-            planner.observe_pass(tokens, seconds, drafted, t0 - end)
+    def _round(self, active: list[_Sequence]) -> Generator[tuple[_Sequence, list[int]], None, bool]:
+        """One round of every active sequence: one verification pass for all, each one's
+        verdict and emitted tokens, then the next drafts (rounds.py). Returns whether the card
+        was lost (every verified token still counts)."""
+        planner = self._single if len(active) == 1 else self._batch
+        if planner is not self._planner:
+            self._clock.reset()
+            self._planner = planner
         steady = all(s.metrics.rounds for s in active)  # no prompt in this pass
-        pass_tokens = 0
-        for s in active:
-            pass_tokens += len(s.draft.tokens) + 1  # type: ignore[union-attr]
-        each = verify_s / len(active)
-        going: list[tuple[_Sequence, int, int]] = []
+        self._clock.begin_pass(sum(len(s.draft.tokens) + 1 for s in active))
+        all_logits = self.target.verify_batch([(s.index, s.tokens, s.draft.tokens) for s in active])
+        timing = self._clock.end_pass(steady)
+        planner.observe_pass(timing)
+        each = timing.pass_s / len(active)
+        going: list[tuple[_Sequence, Verdict]] = []
         for s, logits in zip(active, all_logits, strict=True):
-            draft = s.draft.tokens  # type: ignore[union-attr]
-            n, token = self._accept(s, draft, logits)
-            emitted = self._emit(s, draft, n, token, each)
-            if planner is not None:
-                planner.observe_round(s.index, len(draft), n)
+            verdict = self._accept(s, logits)
+            emitted = self._emit(s, verdict, each)
+            planner.observe_round(s.index, len(s.draft.tokens), verdict.accepted)
             yield s, emitted
             if s.finish is None:
-                going.append((s, n, token))
+                going.append((s, verdict))
             else:
                 self._finish(s)
-        seqs = [s for s, _, _ in going]
-        limits = [self._limit(s) for s in seqs]
-        if planner is not None:
-            ks = planner.choose([s.index for s in seqs], limits)
-        else:
-            ks = [s.policy.choose(limit) for s, limit in zip(seqs, limits, strict=True)]
-        lost = False
-        only_commits = True  # no stream brought up to date: the round costs what drafting does
-        for (s, n, token), k in zip(going, ks, strict=True):
-            s.metrics.k_chosen[k] += 1
-            try:
-                s.draft = self._next_draft(s, n, token, k, defer=True)
-            except DeviceLostError:
-                s.draft, lost = None, True
-            only_commits &= s.commit_plan is not None or not k
         try:
-            with self.card.sent_together():  # one write: the card drafts the misses as one
-                for s in seqs:
-                    if s.commit_plan is not None and s.stream is not None:
-                        (accepted, token, k), s.commit_plan = s.commit_plan, None
-                        s.commit_rid = (s.stream.send_commit(accepted, token, k), accepted)
+            self._next_drafts(going, planner)
         except DeviceLostError:
-            lost = True
-            for s in seqs:
-                s.commit_plan = s.commit_rid = None
-                s.draft = None
-        waited = time.perf_counter()
+            return True
+        return False
+
+    def _next_drafts(self, going: list[tuple[_Sequence, Verdict]], planner: KPlanner) -> None:
+        """Choose the sequences' next K together and bring the card along: COMMITs for the
+        streams in step (sent together), catch-ups for the rest, no card round at K = 0."""
+        seqs = [s for s, _ in going]
+        ks = planner.choose([s.index for s in seqs], [self._limit(s) for s in seqs])
+        steps: list[Commit | CatchUp] = []
+        owners: list[_Sequence] = []
+        for (s, verdict), k in zip(going, ks, strict=True):
+            s.metrics.k_chosen[k] += 1
+            s.draft = NO_DRAFT
+            step = self._card_step(s, verdict, k)
+            if step is not None:
+                steps.append(step)
+                owners.append(s)
+        t0 = time.perf_counter()
+        results = exchange(self.card, steps) if steps else []
+        card_s = time.perf_counter() - t0
+        for s, result in zip(owners, results, strict=True):
+            if isinstance(result, ExstillError):
+                raise result
+            s.draft, s.card = result, CardState.IN_STEP
+            s.metrics.prefetch_hits += result.prefetch_hit
         for s in seqs:
-            if s.commit_rid is not None and s.stream is not None:
-                (rid, accepted), s.commit_rid = s.commit_rid, None
-                try:
-                    s.draft = s.stream.receive_commit(rid, accepted)
-                except DeviceLostError:
-                    s.draft, lost = None, True
-            if s.draft is not None:
-                s.metrics.prefetch_hits += s.draft.prefetch_hit
-        end = time.perf_counter()
-        for s in seqs:
-            s.metrics.card_wait_s += (end - waited) / len(seqs)
-            s.previous_start = s.round_start = end
-        drafted = sum(ks) if only_commits else None
-        self._last_pass = (pass_tokens, verify_s, drafted, t0 + verify_s) if steady else None
-        return lost
+            s.metrics.card_wait_s += card_s / len(seqs)
+        catch_up = any(isinstance(step, CatchUp) for step in steps)
+        self._clock.card(card_s, None if catch_up else sum(ks))
+
+    def _card_step(self, s: _Sequence, verdict: Verdict, k: int) -> Commit | CatchUp | None:
+        """What the card must do for the sequence's next draft of ``k`` tokens; None when
+        nothing is drafted (K = 0 is a round of the target alone: no card round at all; the
+        card catches up when drafting pays again)."""
+        stream = s.stream
+        if stream is None:  # no stream yet (K was 0, or the card was full): open one now
+            if not k or self._card_full_at == self._streams_freed:
+                return None
+            try:
+                stream = self._open(s)
+            except CardFullError:  # no free stream: the target goes on alone
+                self._card_full_at = self._streams_freed
+                return None
+            return CatchUp(stream, s.tokens, k)
+        if not k:
+            s.card = CardState.BEHIND
+            behind = len(s.tokens) - stream.length
+            if behind >= SYNC_EVERY + (s.sync_rid is not None) * SYNC_EVERY:
+                self._settle_sync(s)
+                s.sync_rid = stream.send_prefill(s.tokens[stream.length :])
+            return None
+        if s.card is CardState.IN_STEP:
+            return Commit(stream, verdict, k)  # the one round trip of a round
+        self._settle_sync(s)
+        return CatchUp(stream, s.tokens[stream.length :], k)
 
     def _limit(self, s: _Sequence) -> int:
         """The largest useful K: the card's, the budget's and the slot's."""
@@ -397,7 +395,7 @@ class SpeculativeDecoder:
         return max(0, limit)
 
     def _open(self, s: _Sequence) -> DraftStream:
-        """A card stream holding the sequence's context so far."""
+        """A card stream for the sequence, empty (it catches up with the context next)."""
         sp = self.sampling
         kw = dict(
             temperature=sp.temperature,
@@ -412,8 +410,7 @@ class SpeculativeDecoder:
             stream = self.card.open_stream(target=self.draft_target, **kw)  # type: ignore[arg-type]
         else:
             stream = self.card.open_stream(self.engine, **kw)  # type: ignore[arg-type]
-        s.stream, s.card_behind, s.sync_rid = stream, False, None
-        stream.prefill(s.tokens)  # the prompt, or after a reconnect everything so far
+        s.stream, s.card, s.sync_rid = stream, CardState.BEHIND, None
         return stream
 
     def _start(self, s: _Sequence, alone: bool = False) -> None:
@@ -421,43 +418,45 @@ class SpeculativeDecoder:
         until drafting pays; with ``alone``, one the card has no free stream for starts with
         the target alone (else CardFullError queues it)."""
         t0 = s.started = s.started or time.perf_counter()
-        k = s.policy.choose(self._limit(s))
+        k = self._policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
-        s.stream = None
-        s.draft, s.card_behind = _NO_DRAFT, True
+        s.stream, s.card, s.draft = None, CardState.NONE, NO_DRAFT
         if k:
             try:
-                s.draft = self._open(s).draft(k)
+                stream = self._open(s)
             except CardFullError:
                 if not alone:
                     raise
                 self._card_full_at = self._streams_freed
-        s.round_start = time.perf_counter()
-        s.metrics.card_wait_s += s.round_start - t0
+            else:
+                (result,) = exchange(self.card, [CatchUp(stream, s.tokens, k)])
+                if isinstance(result, ExstillError):
+                    raise result
+                s.draft, s.card = result, CardState.IN_STEP
+        s.metrics.card_wait_s += time.perf_counter() - t0
 
-    def _accept(self, s: _Sequence, draft: tuple[int, ...], logits: np.ndarray) -> tuple[int, int]:
-        """How many drafted tokens the target accepts, and the token it adds."""
+    def _accept(self, s: _Sequence, logits: np.ndarray) -> Verdict:
+        """The target's verdict on the sequence's draft."""
+        draft = s.draft
         logits = np.asarray(logits)
-        if logits.shape != (len(draft) + 1, self.target.vocab_size):
+        if logits.shape != (len(draft.tokens) + 1, self.target.vocab_size):
             raise TargetOutputError(
                 f"target returned logits of shape {logits.shape}; expected "
-                f"({len(draft) + 1}, {self.target.vocab_size})"
+                f"({len(draft.tokens) + 1}, {self.target.vocab_size})"
             )
         if self.sampling.greedy:
-            return verify_greedy(draft, logits)  # checks the logits it decides by
+            return verify_greedy(draft.tokens, logits)  # checks the logits it decides by
         if not np.isfinite(logits).all():
             raise TargetOutputError("target returned NaN or infinite logits")
         p = target_probs(logits, self.sampling)
-        if s.draft is not None and s.draft.dists is not None:
-            return verify_with_distributions(draft, s.draft.dists, p, s.rng)
-        return verify_tokens_only(draft, p, s.rng)
+        if draft.dists is not None:
+            return verify_with_distributions(draft.tokens, draft.dists, p, s.rng)
+        return verify_tokens_only(draft.tokens, p, s.rng)
 
-    def _emit(
-        self, s: _Sequence, draft: tuple[int, ...], n: int, token: int, verify_s: float
-    ) -> list[int]:
+    def _emit(self, s: _Sequence, verdict: Verdict, verify_s: float) -> list[int]:
         """The round's tokens, cut at a stop token or the budget; the target and the
         sequence move on by them."""
-        emitted = [*draft[:n], token]
+        emitted = s.draft.kept(verdict)
         if s.stops and not s.stops.isdisjoint(emitted):
             for j, t in enumerate(emitted):
                 if t in s.stops:
@@ -466,43 +465,29 @@ class SpeculativeDecoder:
         room = s.max_new_tokens - len(s.generated)
         if len(emitted) >= room and s.finish is None:
             emitted, s.finish = emitted[:room], "length"
-        self.target.rollback(s.index, len(s.tokens) + n)
+        self.target.rollback(s.index, len(s.tokens) + verdict.accepted)
         s.tokens += emitted
         s.generated += emitted
-        s.metrics.record_round(len(draft), n, len(emitted))
+        s.metrics.record_round(len(s.draft.tokens), verdict.accepted, len(emitted))
         s.metrics.verify_s += verify_s
-        return emitted
-
-    def _round(self, s: _Sequence, logits: np.ndarray, verify_s: float) -> list[int]:
-        assert s.draft is not None
-        draft = s.draft.tokens
-        n, token = self._accept(s, draft, logits)
-        emitted = self._emit(s, draft, n, token, verify_s)
-        if s.finish is not None:
-            self._finish(s)
-            return emitted
-        self._advance(s, emitted, n, token)
-        if s.metrics.rounds > 1:  # the first verify also processed the whole prompt
-            card_wait = s.last_card_wait
-            other = max(0.0, s.round_start - s.previous_start - card_wait - verify_s)
-            s.policy.observe(len(draft), n, verify_s, other, s.asked_k, card_wait)
         return emitted
 
     def _plain_burst(self, s: _Sequence, rounds: int) -> Iterator[tuple[_Sequence, list[int]]]:
         """Rounds of the target alone (K = 0) for a lone sequence, as many as the policy is
-        sure to choose: the same acceptance and bookkeeping as ``_round``, without a choice,
-        a clock reading or a batch built per round. On a target whose step costs a few hundred
+        sure to choose: the same acceptance and bookkeeping as a round, without a choice, a
+        clock reading or a batch built per round. On a target whose step costs a few hundred
         microseconds that per-round machinery would be a visible share of a plain step."""
         target = self.target
-        verify_s, done, token = 0.0, 0, 0
+        verify_s, done = 0.0, 0
+        verdict = Verdict(0, 0)
         started = time.perf_counter()
         for _ in range(rounds):
             t0 = time.perf_counter()
             logits = target.verify(s.index, s.tokens, ())
             seconds = time.perf_counter() - t0
             verify_s += seconds
-            _, token = self._accept(s, (), logits)
-            emitted = self._emit(s, (), 0, token, seconds)
+            verdict = self._accept(s, logits)
+            emitted = self._emit(s, verdict, seconds)
             if done:  # the first round's K was chosen (and counted) before the burst
                 s.metrics.k_chosen[0] += 1
             done += 1
@@ -511,60 +496,9 @@ class SpeculativeDecoder:
                 self._finish(s)
                 return
         other = max(0.0, time.perf_counter() - started - verify_s) / done
-        s.policy.observe_plain(done, verify_s / done, other)
-        self._advance(s, [token], 0, token)
-
-    def _advance(self, s: _Sequence, emitted: list[int], n: int, token: int) -> None:
-        """Choose the next K and get the next draft (or none, at K = 0)."""
-        k = s.policy.choose(self._limit(s))
-        s.metrics.k_chosen[k] += 1
-        t0 = time.perf_counter()
-        caught_up = s.card_behind or s.stream is None
-        try:
-            s.draft = self._next_draft(s, n, token, k)
-        except DeviceLostError:
-            s.draft = None
-            raise _StreamLost(emitted) from None
-        now = time.perf_counter()
-        s.last_card_wait = now - t0
-        s.asked_k = 0 if caught_up else k
-        s.metrics.card_wait_s += s.last_card_wait
-        assert s.draft is not None  # not deferred: a draft, possibly empty
-        s.metrics.prefetch_hits += s.draft.prefetch_hit
-        s.previous_start, s.round_start = s.round_start, now
-
-    def _next_draft(
-        self, s: _Sequence, accepted: int, token: int, k: int, defer: bool = False
-    ) -> Draft | None:
-        """The draft for the next round. K = 0 is a round of the target alone: no card round
-        at all; the card catches up with one PREFILL when drafting pays again. With ``defer``
-        a plain round's COMMIT is left to be sent with the others (``commit_plan``; None is
-        returned)."""
-        stream = s.stream
-        if stream is None:  # no stream yet (K was 0, or the card was full): open one now
-            if not k or self._card_full_at == self._streams_freed:
-                return _NO_DRAFT
-            try:
-                return self._open(s).draft(k)
-            except CardFullError:  # no free stream: the target goes on alone
-                s.stream, self._card_full_at = None, self._streams_freed
-                return _NO_DRAFT
-        if not k:
-            s.card_behind = True
-            if len(s.tokens) - stream.length >= SYNC_EVERY + (s.sync_rid is not None) * SYNC_EVERY:
-                self._settle_sync(s)
-                s.sync_rid = stream.send_prefill(s.tokens[stream.length :])
-            return _NO_DRAFT
-        if not s.card_behind:
-            if defer:
-                s.commit_plan = (accepted, token, k)
-                return None
-            return stream.commit(accepted, token, k)  # the one round trip of a round
-        self._settle_sync(s)
-        if len(s.tokens) > stream.length:
-            stream.prefill(s.tokens[stream.length :])
-        s.card_behind = False
-        return stream.draft(k)
+        self._policy.observe_plain(done, verify_s / done, other)
+        self._clock.reset()
+        self._next_drafts([(s, verdict)], self._single)
 
     @staticmethod
     def _settle_sync(s: _Sequence) -> None:
@@ -602,10 +536,9 @@ class SpeculativeDecoder:
         except (DeviceLostError, LinkTimeoutError):
             pass  # every token is already verified; a card frees a lost link's streams
         finally:
-            s.stream = None
+            s.stream, s.card = None, CardState.NONE
             self.target.release(s.index)
-            if self._batch_k is not None:
-                self._batch_k.forget(s.index)
+            self._batch.forget(s.index)
             per_sequence_total = time.perf_counter() - s.started if s.started else 0.0
             s.metrics.total_s = 0.0  # the decoder counts its own wall time
             self.metrics.merge(s.metrics)

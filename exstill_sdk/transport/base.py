@@ -50,6 +50,11 @@ class Transport(ABC):
     def close(self) -> None:
         """Release the link; safe to call twice."""
 
+    def interrupt(self) -> None:
+        """Break the link as a pulled cable would: what is in flight is lost and the next
+        request fails. For fault injection (tests, benchmarks of resuming)."""
+        self.close()
+
     def __enter__(self) -> Transport:
         return self
 

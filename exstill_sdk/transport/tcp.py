@@ -84,5 +84,9 @@ class TcpTransport(ByteStreamTransport):
             raise DeviceLostError(f"{self.url or 'the card'} closed the connection")
         return n
 
+    def interrupt(self) -> None:
+        """Both directions shut down under the reader's feet, as a dropped connection."""
+        self._sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         self._sock.close()

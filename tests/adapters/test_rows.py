@@ -3,7 +3,6 @@ accept drafts, finish, move (compaction), arrive mid-run and sit in prefill."""
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 from types import SimpleNamespace
 
@@ -279,13 +278,25 @@ def misleading(n: int = 400) -> list[int]:
     return out
 
 
+class SimulatedClock:
+    """The engine's time: advanced by the simulated step's cost, not by the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_adaptive_rows_draft_what_pays_for_itself() -> None:
     """With the planner, a row whose drafts are accepted drafts long and a row whose drafts are
     wrong stops drafting; the engine's step costs a fixed part and a part per token, as a
-    memory-bound target's pass does (slept here, timed by RowStreams between calls)."""
+    memory-bound target's pass does (on RowStreams' clock, which times the step between calls:
+    the verdict does not depend on how loaded the machine is)."""
     texts = [[10 + j % 6 for j in range(400)], misleading()]
+    clock = SimulatedClock()
     with open_card("emu://") as card:
-        rows = RowStreams(card, engine="lookup", adaptive=True)
+        rows = RowStreams(card, engine="lookup", adaptive=True, clock=clock)
         held = [t[:20] for t in texts]
         sampled = [[t[-1]] for t in held]
         lengths: list[list[int]] = [[], []]
@@ -294,7 +305,7 @@ def test_adaptive_rows_draft_what_pays_for_itself() -> None:
             for i, t in enumerate(held):
                 tokens[i, : len(t)] = t
             drafts = rows.propose(sampled, np.array([len(t) for t in held]), tokens, 6)
-            time.sleep(0.004 + 0.001 * sum(len(d) + 1 for d in drafts))
+            clock.now += 0.004 + 0.001 * sum(len(d) + 1 for d in drafts)
             for i, (text, draft) in enumerate(zip(texts, drafts, strict=True)):
                 pos, accepted = len(held[i]), 0
                 while accepted < len(draft) and text[pos + accepted] == draft[accepted]:

@@ -14,6 +14,7 @@ import pytest
 from exstill_sdk import open_card
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import Opcode
+from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.protocol.frame import encode_frame
 from exstill_sdk.protocol.framing import encode_stream_frame
 
@@ -132,7 +133,7 @@ def test_ten_thousand_hostile_frames_leave_the_card_serving() -> None:
                 d = s.draft(6)
                 seen = [d.tokens]
                 for r in range(50):
-                    d = s.commit(len(d.tokens), pattern[r % 30], 6)
+                    d = s.commit(Verdict(len(d.tokens), pattern[r % 30]), 6)
                     seen.append(d.tokens)
                 results.append(seen)
         assert results[0] == results[1]

@@ -100,9 +100,9 @@ def test_a_wrong_key_is_refused_and_proves_nothing(keyed_card, images, tmp_path)
     with pytest.raises(NotAuthorizedError, match="wrong admin key"):
         open_card(url, key=os.urandom(32))
     with open_card(url) as card:  # answer a real challenge with the wrong key, then try all
-        nonce = card._request(Opcode.AUTH_CHALLENGE)
+        nonce = card.request(Opcode.AUTH_CHALLENGE)
         with pytest.raises(NotAuthorizedError):
-            card._request(Opcode.AUTH, answer(os.urandom(32), nonce))
+            card.request(Opcode.AUTH, answer(os.urandom(32), nonce))
         outcomes = admin_requests(card, images)
         assert all(isinstance(e, NotAuthorizedError) for e in outcomes.values()), outcomes
     assert store_state(url, store) == before

@@ -116,7 +116,7 @@ def test_dropped_links_resume(images, tmp_path: Path) -> None:
                 def drop(offset: int, card=card, cut_at=cut_at) -> None:
                     if cut_at and offset >= min(cut_at):
                         cut_at.clear()
-                        card._transport._sock.shutdown(2)  # the link dies mid-upload
+                        card.transport.interrupt()  # the link dies mid-upload
 
                 # one chunk in flight: resuming costs at most that chunk
                 result = flash(

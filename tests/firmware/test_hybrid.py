@@ -9,6 +9,7 @@ import pytest
 from exstill_sdk.card import Card, open_card
 from exstill_sdk.demo import DRAFT_TARGET, emulator_url
 from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.protocol.drafts import Verdict
 
 REPEATING = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]
 """Its last 3-gram occurred before: lookup drafts what followed it."""
@@ -43,7 +44,7 @@ def test_the_model_follows_tokens_that_lookup_drafted() -> None:
         assert s.draft(4).tokens == (8, 9, 10, 11)
         # Three of lookup's tokens accepted, then a token that ends the repeat: the model
         # drafts from a context it never drafted itself, as a fresh stream would.
-        after = s.commit(3, 300, 5).tokens
+        after = s.commit(Verdict(3, 300), 5).tokens
         context = [*REPEATING, 8, 9, 10, 300]
         assert after == model_draft(card, context, 5)
         # Rolled back into the repeat, lookup drafts again.
@@ -61,8 +62,11 @@ def test_many_lookup_streams_commit_together() -> None:
             s.prefill(ctx)
             drafts.append(s.draft(4).tokens)
         with card.sent_together():
-            rids = [s.send_commit(0, 7, 4) for s in streams]
-        got = [s.receive_commit(rid, 0).tokens for s, rid in zip(streams, rids, strict=True)]
+            rids = [s.send_commit(Verdict(0, 7), 4) for s in streams]
+        got = [
+            s.receive_commit(rid, Verdict(0, 7)).tokens
+            for s, rid in zip(streams, rids, strict=True)
+        ]
         for s, ctx, draft in zip(streams, contexts, got, strict=True):
             context = [*ctx, 7]
             with card.open_stream(target=DRAFT_TARGET, lookup=True) as fresh:

@@ -51,10 +51,10 @@ class Client:
     def prefill(self, h: int, tokens: list[int]) -> int:
         return m.decode_u32(self.ok(Opcode.PREFILL, m.encode_tokens(tokens), h))
 
-    def draft(self, h: int, k: int) -> m.DraftReply:
+    def draft(self, h: int, k: int) -> m.Draft:
         return m.decode_draft_reply(self.ok(Opcode.DRAFT, bytes([k]), h))
 
-    def commit(self, h: int, accepted: int, bonus: int, k: int) -> m.DraftReply:
+    def commit(self, h: int, accepted: int, bonus: int, k: int) -> m.Draft:
         payload = m.encode_commit_request(m.CommitRequest(accepted, bonus, k))
         return m.decode_draft_reply(self.ok(Opcode.COMMIT, payload, h))
 

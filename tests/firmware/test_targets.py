@@ -20,6 +20,7 @@ from exstill_sdk import (  # noqa: E402
     WireMode,
     open_card,
 )
+from exstill_sdk.protocol.drafts import Verdict  # noqa: E402
 
 from ..helpers import served  # noqa: E402
 from .test_transformer import generate, tokens  # noqa: E402
@@ -38,7 +39,7 @@ def test_target_stream_drafts_what_the_model_generates(model_pair) -> None:
             s.prefill(prompt)
             d = s.draft(5)
             assert list(d.tokens) == generate(model, prompt, 5)
-            d2 = s.commit(2, 9, 5)
+            d2 = s.commit(Verdict(2, 9), 5)
             assert list(d2.tokens) == generate(model, prompt + list(d.tokens[:2]) + [9], 5)
         # a lookup stream and a target stream side by side
         with card.open_stream("lookup") as lk, card.open_stream(target=target) as tg:
@@ -80,7 +81,7 @@ def test_bad_input_is_typed_and_contained(model_pair, tmp_path) -> None:
             s.draft(9)
         s.prefill(tokens(60))
         with pytest.raises(ContextFullError):
-            s.card._request(0x12, bytes(4 * 10), s.handle)  # past the slot, no long context
+            s.card.request(0x12, bytes(4 * 10), s.handle)  # past the slot, no long context
         with pytest.raises(InvalidArgumentError, match="long-context"):
             card.open_stream("lookup", long_context=True)
         first = good.draft(4).tokens
@@ -136,7 +137,7 @@ def test_prefetch_hits_over_tcp_and_batches_streams(model_pair) -> None:
             for i, s in enumerate(streams):
                 full = prompts[i] + list(drafts[i].tokens)
                 bonus = generate(model, full, 1)[0]  # the target agrees with the draft
-                d = s.commit(4, bonus, 4)
+                d = s.commit(Verdict(4, bonus), 4)
                 assert list(d.tokens) == generate(model, [*full, bonus], 4)
                 hits += d.prefetch_hit
                 prompts[i] = [*full, bonus]

@@ -43,12 +43,12 @@ def distributions(draw: st.DrawFn) -> m.Distribution:
 
 
 @st.composite
-def draft_replies(draw: st.DrawFn) -> m.DraftReply:
+def draft_replies(draw: st.DrawFn) -> m.Draft:
     tokens = tuple(draw(st.lists(u32, max_size=16)))
     dists = None
     if draw(st.booleans()):
         dists = tuple(draw(distributions()) for _ in tokens)
-    return m.DraftReply(tokens, draw(st.booleans()), dists, draw(st.booleans()))
+    return m.Draft(tokens, draw(st.booleans()), dists, draw(st.booleans()))
 
 
 errors = st.builds(m.ErrorReply, u16, st.text(max_size=50).filter(lambda s: len(s.encode()) <= 200))

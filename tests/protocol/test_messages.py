@@ -69,7 +69,7 @@ def test_decoders_raise_only_protocol_error(decode) -> None:
 
 
 @given(draft_replies(), st.data())
-def test_mutated_draft_replies_raise_only_protocol_error(reply: m.DraftReply, data) -> None:
+def test_mutated_draft_replies_raise_only_protocol_error(reply: m.Draft, data) -> None:
     raw = bytearray(m.encode_draft_reply(reply))
     if raw:
         i = data.draw(st.integers(0, len(raw) - 1))
@@ -81,7 +81,7 @@ def test_mutated_draft_replies_raise_only_protocol_error(reply: m.DraftReply, da
 
 def test_greedy_round_payloads_are_small() -> None:
     assert len(m.encode_commit_request(m.CommitRequest(6, 50000, 6))) == 6
-    assert len(m.encode_draft_reply(m.DraftReply(tuple(range(6))))) == 26
+    assert len(m.encode_draft_reply(m.Draft(tuple(range(6))))) == 26
 
 
 def test_encoders_refuse_out_of_range_values() -> None:

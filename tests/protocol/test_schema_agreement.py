@@ -35,7 +35,7 @@ def _hello_reply_dict(r: m.HelloReply) -> dict:
     return d
 
 
-def _draft_dict(r: m.DraftReply) -> dict:
+def _draft_dict(r: m.Draft) -> dict:
     return {
         "flags": {
             "reserved": 0,
@@ -166,7 +166,7 @@ def test_describe_frame_names_fields() -> None:
     d = schema.describe_frame(raw)
     assert d["op"] == "COMMIT" and d["rid"] == 9 and d["bonus"] == 77 and d["accepted"] == 3
     reply = encode_frame(
-        Opcode.COMMIT | RESPONSE_BIT, 9, 1, m.encode_draft_reply(m.DraftReply((5, 6)))
+        Opcode.COMMIT | RESPONSE_BIT, 9, 1, m.encode_draft_reply(m.Draft((5, 6)))
     )
     assert schema.describe_frame(reply)["tokens"] == [5, 6]
     assert "error" in schema.describe_frame(b"\x01\x02")
@@ -213,7 +213,7 @@ def test_both_accept_and_reject_the_same_bytes(decode, formal) -> None:
 
 
 # ---------------------------------------------------------------- the bytes actually sent
-# card.py sends m.commit_frame / m.draft_frame and reads m.parse_draft_reply_frame; the
+# stream.py sends m.commit_frame / m.draft_frame and reads m.parse_draft_reply_frame; the
 # runtime answers with m.draft_reply_payload. The formal schema must agree with those very
 # builders, not with a test-only encoder.
 
@@ -224,7 +224,7 @@ u32s = st.integers(0, 2**32 - 1)
 def test_the_commit_frame_the_host_sends_is_the_formal_one(
     rid: int, handle: int, accepted: int, next_k: int, bonus: int
 ) -> None:
-    raw = m.commit_frame(rid, handle, accepted, next_k, bonus)
+    raw = m.commit_frame(rid, handle, m.Verdict(accepted, bonus), next_k)
     payload = schema.COMMIT_REQUEST.build({"accepted": accepted, "next_k": next_k, "bonus": bonus})
     assert raw == encode_frame(Opcode.COMMIT, rid, handle, payload)
     parsed = schema.FRAME.parse(raw)
@@ -242,7 +242,7 @@ def test_the_draft_frame_the_host_sends_is_the_formal_one(rid: int, handle: int,
 
 
 @given(draft_replies())
-def test_the_draft_reply_the_card_sends_is_the_formal_one(reply: m.DraftReply) -> None:
+def test_the_draft_reply_the_card_sends_is_the_formal_one(reply: m.Draft) -> None:
     draft = b"".join(t.to_bytes(4, "little") for t in reply.tokens)  # as the card keeps it
     raw = m.draft_reply_payload(reply.prefetch_hit, draft, reply.dists, reply.lookup)
     assert raw == schema.DRAFT_REPLY.build(_draft_dict(reply))

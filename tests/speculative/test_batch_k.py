@@ -12,6 +12,7 @@ from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.demo import DRAFT_TARGET, demo_dir, held_out_prompts
 from exstill_sdk.speculative import SpeculativeDecoder
 from exstill_sdk.speculative.batch_k import BatchK, PassCost
+from exstill_sdk.speculative.timing import PassTiming
 
 
 def test_the_pass_cost_follows_what_was_measured() -> None:
@@ -47,7 +48,7 @@ def simulate(
             planner.observe_round(seq, k, accepted)
         tokens = users + sum(ks)
         seconds = (fixed_ms + per_token_ms * tokens) * 1e-3 * rng.uniform(0.97, 1.03)
-        planner.observe_pass(tokens, seconds, sum(ks), 1e-3)
+        planner.observe_pass(PassTiming(tokens, seconds, 1e-3, 0.0, sum(ks), steady=True))
     return drafted
 
 

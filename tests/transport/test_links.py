@@ -20,6 +20,7 @@ from exstill_sdk import (
     LinkTimeoutError,
     open_card,
 )
+from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.speculative import SpeculativeDecoder, TargetAdapter
 from exstill_sdk.transport.usb import register_usb_backend, unregister_usb_backend
 
@@ -86,7 +87,7 @@ def test_end_to_end(card: Card) -> None:
         d = s.draft(6)
         assert d.tokens == (1, 2, 3, 4, 5, 6)
         for _ in range(20):
-            d = s.commit(6, 7, 6)
+            d = s.commit(Verdict(6, 7), 6)
             assert d.tokens == (8, 9, 10, 11, 12, 13)
             s.rollback(s.length - 7)
             d = s.draft(6)

@@ -41,8 +41,7 @@ from exstill_sdk.errors import (
 from exstill_sdk.interface import CardInterface
 from exstill_sdk.protocol.constants import ErrorCode, WireMode
 from exstill_sdk.protocol.drafts import Verdict
-
-__version__ = "0.1.0"
+from exstill_sdk.version import __version__
 
 __all__ = [
     "BadURLError",

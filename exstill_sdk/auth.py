@@ -1,28 +1,20 @@
 """The card's admin key: who may change the image store over a network link.
 
 The card sends a fresh random nonce (AUTH_CHALLENGE); the host answers with
-HMAC-SHA256(key, AUTH_CONTEXT + nonce) (AUTH). The key never crosses the wire, each nonce is
-used once, and a recorded exchange proves nothing on another connection. A key file holds 32
-random bytes as hex, created with mode 0600 and never printed.
+HMAC-SHA256(key, AUTH_CONTEXT + nonce) (AUTH; exstill_sdk.protocol.auth). The key never
+crosses the wire, each nonce is used once, and a recorded exchange proves nothing on another
+connection. A key file holds 32 random bytes as hex, created with mode 0600 and never printed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import secrets
 from pathlib import Path
 
 from exstill_sdk.errors import InvalidArgumentError
-from exstill_sdk.protocol.constants import AUTH_CONTEXT
 
 KEY_BYTES = 32
-
-
-def answer(key: bytes, nonce: bytes) -> bytes:
-    """The AUTH payload that proves ``key`` for this ``nonce``."""
-    return hmac.new(key, AUTH_CONTEXT + nonce, hashlib.sha256).digest()
 
 
 def generate_admin_key(path: str | Path) -> Path:

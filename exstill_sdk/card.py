@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from exstill_sdk.auth import answer, load_admin_key
+from exstill_sdk.auth import load_admin_key
 from exstill_sdk.errors import (
     DeviceLostError,
     ExstillError,
@@ -28,6 +28,7 @@ from exstill_sdk.errors import (
 from exstill_sdk.image_store import ImageStoreRequests
 from exstill_sdk.interface import CardInfo
 from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol.auth import answer
 from exstill_sdk.protocol.constants import (
     CRC_SIZE,
     HEADER_SIZE,

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from exstill_sdk.errors import ExstillError
-from exstill_sdk.transport.usb_ids import PRODUCT_ID, VENDOR_ID
+from exstill_sdk.protocol.usb_ids import PRODUCT_ID, VENDOR_ID
 
 
 @dataclass(frozen=True)

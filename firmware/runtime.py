@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 from zlib import crc32
 
-from exstill_sdk.auth import answer
 from exstill_sdk.errors import (
     ExstillError,
     InvalidArgumentError,
@@ -30,6 +29,7 @@ from exstill_sdk.errors import (
     ProtocolError,
 )
 from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol.auth import answer
 from exstill_sdk.protocol.constants import (
     ADMIN_OPCODES,
     AUTH_NONCE_SIZE,

@@ -106,3 +106,89 @@ def test_every_package_folder_is_installed() -> None:
 def test_the_decoding_layer_is_named_for_what_it_does() -> None:
     assert importlib.util.find_spec("exstill_sdk.speculative") is not None
     assert importlib.util.find_spec("exstill_sdk.spec") is None
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+SHARED_WITH_FIRMWARE = (
+    "exstill_sdk.protocol",
+    "exstill_sdk.image",
+    "exstill_sdk.execution",
+    "exstill_sdk.support",
+    "exstill_sdk.errors",
+)
+"""What the card runtime takes from the SDK: the bytes (protocol, image), running an image's
+decoder (execution), shared machinery (support), and the error types whose codes the protocol
+carries."""
+
+EMULATOR_STARTERS = {
+    "exstill_sdk.transport.emu": "emu:// runs the runtime in process",
+    "exstill_sdk.transport.usb": "usb:// finds the emulated USB card of the tests' backend",
+    "exstill_sdk.cli.emu": "exstill-emu serves the runtime",
+    "exstill_sdk.bench.engine": "exstill-bench engine times the card's own engine, no link",
+}
+"""The only SDK modules that import the firmware, and why."""
+
+
+def _is_under(module: str, packages: tuple[str, ...] | set[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_the_firmware_takes_only_the_shared_layers_of_the_sdk() -> None:
+    wrong = {
+        (name, dep)
+        for name, deps in _graph().items()
+        if name.startswith("exstill_firmware")
+        for dep in deps
+        if dep.startswith("exstill_sdk") and not _is_under(dep, SHARED_WITH_FIRMWARE)
+    }
+    assert wrong == set()
+
+
+def test_the_sdk_imports_the_firmware_only_to_start_an_emulator() -> None:
+    importers = {
+        name
+        for name, deps in _graph().items()
+        if name.startswith("exstill_sdk") and any(d.startswith("exstill_firmware") for d in deps)
+    }
+    assert importers <= set(EMULATOR_STARTERS)
+
+
+def test_the_demo_does_not_import_the_benchmarks() -> None:
+    wrong = {
+        (name, dep)
+        for name, deps in _graph().items()
+        if _is_under(name, ("exstill_sdk.demo",))
+        for dep in deps
+        if _is_under(dep, ("exstill_sdk.bench",))
+    }
+    assert wrong == set()
+
+
+def test_no_module_imports_the_package_root() -> None:
+    """The root (exstill_sdk/__init__.py) loads the whole client; a module that needs the
+    version takes exstill_sdk.version."""
+    importers = {name for name, deps in _graph().items() if "exstill_sdk" in deps}
+    assert importers == set()
+
+
+def test_no_code_replaces_a_cards_link() -> None:
+    """A benchmark or a test that needs another link builds a Card on it (Card(transport)),
+    never assigns one into a connected card."""
+    offenders = []
+    for folder in (ROOT / "exstill_sdk", ROOT / "firmware", ROOT / "tests", ROOT / "tools"):
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+                if isinstance(node, ast.Assign | ast.AugAssign):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    offenders += [
+                        f"{path.relative_to(ROOT)}:{node.lineno}"
+                        for t in targets
+                        if isinstance(t, ast.Attribute)
+                        and t.attr in ("_transport", "transport")
+                        and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+                    ]
+    assert offenders == []

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
 from exstill_sdk.demo import POSITIONS, THREADS, emulator_args, held_out_prompts
+from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
 
 
 def user_prompts(users: int, prompt_tokens: int) -> list[list[int]]:

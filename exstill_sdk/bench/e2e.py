@@ -19,9 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
-from exstill_sdk.bench.speedup import verify_curve
-from exstill_sdk.bench.timing import timed
 from exstill_sdk.demo import (
     DRAFT_TARGET,
     POSITIONS,
@@ -30,6 +27,9 @@ from exstill_sdk.demo import (
     emulator_args,
     held_out_prompts,
 )
+from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.harness.speedup import verify_curve
+from exstill_sdk.harness.timing import timed
 
 KList = tuple[int, ...]
 

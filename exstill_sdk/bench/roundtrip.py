@@ -19,9 +19,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from exstill_sdk.bench.placement import listening_pid, placed
 from exstill_sdk.card import DEFAULT_TIMEOUT, Card, open_card
 from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.harness.placement import listening_pid, placed
 from exstill_sdk.protocol.constants import FRAME_OVERHEAD
 from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.protocol.framing import encode_stream_frame

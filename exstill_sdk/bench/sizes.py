@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
-from exstill_sdk.bench.speedup import measure_speedup
+from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.harness.speedup import measure_speedup
 
 DEFAULT_SIZES = ("small", "576", "1408", "2816")
 """The trained 4.2M target and expansions to about 20M, 107M and 404M parameters (hidden 576,

@@ -13,8 +13,8 @@ import numpy as np
 
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.bench.synthetic import image_or_synthetic
-from exstill_sdk.bench.timing import best_of
 from exstill_sdk.card import open_card
+from exstill_sdk.harness.timing import best_of
 from exstill_sdk.speculative import SpeculativeDecoder
 
 POSITIONS = 2048

@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.card_process import emulator_process, split_cores
 from exstill_sdk.bench.demo_setup import user_prompts
-from exstill_sdk.bench.speedup import Spread
 from exstill_sdk.demo import demo_dir, demo_target, emulator_args
 from exstill_sdk.demo.targets import TARGETS, cache_dir
 from exstill_sdk.errors import ExstillError, InvalidArgumentError
+from exstill_sdk.harness.card_process import emulator_process, split_cores
+from exstill_sdk.harness.speedup import Spread
 
 VLLM_VERSION = "0.32.0"
 INSTALL_HINT = (

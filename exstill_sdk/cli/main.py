@@ -89,7 +89,7 @@ def _report(result: object) -> str:
         chosen += "   (K=0: a round of the target alone, the card not asked)"
 
     def spread(s: object, unit: str) -> str:
-        from exstill_sdk.bench.speedup import Spread
+        from exstill_sdk.harness.speedup import Spread
 
         assert isinstance(s, Spread)
         return f"{s.median:.1f}{unit} (range {s.low:.1f}-{s.high:.1f})"

@@ -42,7 +42,7 @@ def emulator_url() -> str:
 
 
 def emulator_args() -> list[str]:
-    """exstill-emu's arguments for a card with the demo draft (see bench.card_process)."""
+    """exstill-emu's arguments for a card with the demo draft (see harness.card_process)."""
     return [
         "--context", str(POSITIONS), "--threads", str(THREADS),
         "--image", str(demo_dir() / "draft.img"),

@@ -9,8 +9,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from exstill_sdk.bench.card_process import emulator_process, pinned, split_cores
-from exstill_sdk.bench.speedup import SpeedupRun, measure_speedup
 from exstill_sdk.demo.pair import (
     DRAFT_TARGET,
     POSITIONS,
@@ -21,6 +19,8 @@ from exstill_sdk.demo.pair import (
 )
 from exstill_sdk.demo.targets import DemoTarget, demo_target
 from exstill_sdk.errors import ExstillError, UnknownModelError
+from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.harness.speedup import SpeedupRun, measure_speedup
 
 DEFAULT_PROMPT = 'def read_config(path):\n    """Read a configuration file and return a dict."""\n'
 MAX_K = 8

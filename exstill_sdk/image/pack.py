@@ -92,7 +92,7 @@ def pack_checkpoint(
         raise CheckpointError("the target name must be 1..64 bytes")
     start = time.perf_counter()
     ckpt = read_checkpoint(directory, tokenizer)
-    from exstill_sdk import __version__
+    from exstill_sdk.version import __version__
 
     metadata: dict[str, Any] = {
         "image.target": target,

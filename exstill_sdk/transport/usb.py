@@ -33,8 +33,8 @@ from exstill_sdk.errors import (
     TransportError,
 )
 from exstill_sdk.protocol.constants import MAX_FRAME
+from exstill_sdk.protocol.usb_ids import INTERFACE_CLASS
 from exstill_sdk.transport.base import Transport, query_params
-from exstill_sdk.transport.usb_ids import INTERFACE_CLASS
 
 UDEV_HINT = (
     "install the udev rule: sudo cp udev/70-exstill.rules /etc/udev/rules.d/ && "

@@ -26,7 +26,7 @@ from typing import Any
 import usb.backend
 import usb.core
 
-from exstill_sdk.transport.usb_ids import INTERFACE_CLASS, PRODUCT_ID, VENDOR_ID
+from exstill_sdk.protocol.usb_ids import INTERFACE_CLASS, PRODUCT_ID, VENDOR_ID
 
 from ..runtime import CardRuntime
 from ..version import __version__

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from exstill_sdk import NotAuthorizedError, open_card
-from exstill_sdk.auth import answer
 from exstill_sdk.card import Card
 from exstill_sdk.flash import flash
 from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol.auth import answer
 from exstill_sdk.protocol.constants import ADMIN_OPCODES, Opcode
 from exstill_sdk.protocol.frame import encode_frame
 from exstill_sdk.protocol.framing import encode_stream_frame

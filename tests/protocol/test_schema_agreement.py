@@ -165,9 +165,7 @@ def test_describe_frame_names_fields() -> None:
     )
     d = schema.describe_frame(raw)
     assert d["op"] == "COMMIT" and d["rid"] == 9 and d["bonus"] == 77 and d["accepted"] == 3
-    reply = encode_frame(
-        Opcode.COMMIT | RESPONSE_BIT, 9, 1, m.encode_draft_reply(m.Draft((5, 6)))
-    )
+    reply = encode_frame(Opcode.COMMIT | RESPONSE_BIT, 9, 1, m.encode_draft_reply(m.Draft((5, 6))))
     assert schema.describe_frame(reply)["tokens"] == [5, 6]
     assert "error" in schema.describe_frame(b"\x01\x02")
 

@@ -143,7 +143,7 @@ def test_switching_between_k_zero_and_drafting_stays_exact(
 
 
 def test_the_pairs_limit_is_the_best_k_over_its_verify_cost() -> None:
-    from exstill_sdk.bench.speedup import pair_limit
+    from exstill_sdk.harness.speedup import pair_limit
     from exstill_sdk.speculative import SpecMetrics
 
     m = SpecMetrics(max_k=3)

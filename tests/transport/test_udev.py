@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exstill_sdk.transport.usb_ids import PRODUCT_ID, VENDOR_ID
+from exstill_sdk.protocol.usb_ids import PRODUCT_ID, VENDOR_ID
 
 RULES = Path(__file__).resolve().parents[2] / "udev" / "70-exstill.rules"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exstill_sdk.bench.timing import timed
+from exstill_sdk.harness.timing import timed
 from exstill_sdk.speculative.metrics import SpecMetrics
 
 

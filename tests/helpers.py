@@ -12,7 +12,7 @@ from typing import Any
 from exstill_firmware import CardRuntime
 from exstill_firmware.emulator import TcpCardServer
 
-from exstill_sdk.bench.synthetic import write_checkpoint
+from exstill_sdk.harness.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
 
 

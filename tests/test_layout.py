@@ -128,7 +128,7 @@ EMULATOR_STARTERS = {
     "exstill_sdk.transport.emu": "emu:// runs the runtime in process",
     "exstill_sdk.transport.usb": "usb:// finds the emulated USB card of the tests' backend",
     "exstill_sdk.cli.emu": "exstill-emu serves the runtime",
-    "exstill_sdk.bench.engine": "exstill-bench engine times the card's own engine, no link",
+    "exstill_sdk.bench.engine.cost": "exstill-bench engine times the card's own engine, no link",
 }
 """The only SDK modules that import the firmware, and why."""
 
@@ -192,3 +192,19 @@ def test_no_code_replaces_a_cards_link() -> None:
                         and not (isinstance(t.value, ast.Name) and t.value.id == "self")
                     ]
     assert offenders == []
+
+
+def test_the_planner_reads_data_and_never_runs_the_hot_path() -> None:
+    """plan/ is profiles in, a simulation out; only plan/measure (exstill-bench profile,
+    exstill plan --check) runs a card and a target."""
+    hot = ("exstill_sdk.speculative", "exstill_sdk.card", "exstill_sdk.stream")
+    hot += ("exstill_sdk.transport", "exstill_sdk.adapters", "exstill_firmware")
+    wrong = {
+        (name, dep)
+        for name, deps in _graph().items()
+        if _is_under(name, ("exstill_sdk.plan",))
+        and not _is_under(name, ("exstill_sdk.plan.measure",))
+        for dep in deps
+        if _is_under(dep, hot)
+    }
+    assert wrong == set()

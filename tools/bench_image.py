@@ -45,7 +45,7 @@ print(seconds, after - before, view.shape[0], image.size)
 
 def make_checkpoint(directory: Path, gib: float) -> int:
     """A float32 Llama-family checkpoint of about ``gib`` GiB; its safetensors size."""
-    from exstill_sdk.bench.synthetic import write_checkpoint
+    from exstill_sdk.harness.synthetic import write_checkpoint
 
     hidden, inter, vocab = 2048, 5632, 32000
     per_layer = (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) * 4

@@ -92,7 +92,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     import sys
 
-    from exstill_sdk.bench import plan_check
+    from exstill_sdk.plan.measure import check as plan_check
 
     result = plan_check.run(
         users=comma_numbers("--users", args.users or CHECK_USERS), progress=sys.stderr.isatty()

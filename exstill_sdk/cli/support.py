@@ -38,6 +38,10 @@ class UsageError(InvalidArgumentError):
     """A command line that cannot be carried out as written; the message says what to give."""
 
 
+Subcommands = argparse._SubParsersAction
+"""What a group of benchmarks registers its sub-commands on (``add_parser``)."""
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with a mistake answered in one line (exit 2) instead of the usage block."""
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exstill_sdk.harness.passes import pass_seconds
 from exstill_sdk.harness.timing import timed
 from exstill_sdk.speculative.metrics import SpecMetrics
 
@@ -43,18 +44,11 @@ def verify_curve(
     target: Any, context: list[int], sizes: range, repeats: int = 5
 ) -> dict[str, float]:
     """Microseconds the target takes to score n tokens after ``context`` (the median of
-    ``repeats``, taken in turns over the sizes so that a slow moment of the machine does not
-    fall on one size): what a round of K drafted tokens costs the target (n = K + 1) against
-    one plain step (n = 1). Speculation pays when this grows slowly with n."""
-    target.verify(-1, context, [])
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
-            s, _ = timed(target.verify, -1, context, context[-n:-1] if n > 1 else [])
-            target.rollback(-1, len(context) - 1)
-            samples[n].append(s)
-    target.release(-1)
-    return {str(n): round(statistics.median(v) * 1e6, 1) for n, v in samples.items()}
+    ``repeats`` turns over the sizes): what a round of K drafted tokens costs the target
+    (n = K + 1) against one plain step (n = 1). Speculation pays when this grows slowly
+    with n."""
+    samples = pass_seconds(target, [context], [n - 1 for n in sizes], turns=repeats)
+    return {str(k + 1): round(statistics.median(v) * 1e6, 1) for k, v in samples.items()}
 
 
 def pair_limit(metrics: SpecMetrics, verify_us: dict[str, float]) -> tuple[float, int]:

@@ -194,7 +194,7 @@ def test_profile_bench_feeds_the_planner(tmp_path) -> None:
 def test_plan_check_rows_are_predicted_against_measured() -> None:
     """The check's machinery end to end on a small configuration (how close it comes is a
     benchmark figure, docs/planning.md, not asserted here)."""
-    from exstill_sdk.bench import plan_check
+    from exstill_sdk.plan.measure import check as plan_check
 
     result = plan_check.run(targets=("small",), users=(1, 2), new_tokens=40, repeats=1)
     rows = result["rows"]

@@ -74,7 +74,7 @@ def test_without_vllm_it_says_what_to_install() -> None:
 
 
 def test_vllms_methods_run_at_every_k_and_the_card_at_the_largest() -> None:
-    from exstill_sdk.bench.vllm_side import WAY_NAMES, expand
+    from exstill_sdk.bench.vllm.side import WAY_NAMES, expand
 
     runs = {label: k for label, _, k in expand(WAY_NAMES, (4, 8))}
     assert runs == {
@@ -85,7 +85,7 @@ def test_vllms_methods_run_at_every_k_and_the_card_at_the_largest() -> None:
 
 
 def test_checks_compare_the_card_with_the_best_vllm_method_at_its_best_k() -> None:
-    from exstill_sdk.bench.vllm_side import checks
+    from exstill_sdk.bench.vllm.side import checks
 
     def way(rate: float, speedup: float, identical: bool = True) -> dict:
         row = {"tokens_per_s": rate, "speedup": speedup, "identical": identical}

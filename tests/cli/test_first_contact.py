@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exstill_sdk import NotACardError, open_card
-from exstill_sdk.bench.synthetic import write_checkpoint
+from exstill_sdk.harness.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
 
 from .. import helpers

@@ -6,8 +6,8 @@ import pytest
 from exstill_firmware import CardRuntime
 from exstill_firmware.store import Store
 
-from exstill_sdk.bench.synthetic import write_checkpoint
 from exstill_sdk.card import Card
+from exstill_sdk.harness.synthetic import write_checkpoint
 from exstill_sdk.image import generate_keypair, load_private_key, open_image
 from exstill_sdk.image.pack import pack_checkpoint
 from exstill_sdk.transport.emu import EmuTransport

@@ -38,8 +38,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
-from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target
 from exstill_sdk.demo import DRAFT_TARGET
+from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target
+from exstill_sdk.harness.passes import pass_seconds
 
 CARD_STREAMS = 12
 WARM_UP_TOKENS = 32
@@ -214,29 +215,9 @@ def pass_costs(
 ) -> dict[str, float]:
     """Milliseconds of one verification pass of every user with K drafted tokens each, keyed
     by the tokens in the pass: the median over ``turns`` turns through the K, each K run three
-    times in a row and its first run left out (the first pass of a new shape after another is
-    slower, as it never is in a decode, where the shape holds from round to round)."""
+    times in a row and its first run left out (harness.passes)."""
+    samples = pass_seconds(target, batch, ks, turns=turns, runs=2, warmup=1)
     n = len(batch)
-    ids = [-100 - i for i in range(n)]
-
-    def forget_last() -> None:  # as after a round: the last token (the bonus) is new
-        for i, p in zip(ids, batch, strict=True):
-            target.rollback(i, len(p) - 1)
-
-    target.verify_batch([(i, p, ()) for i, p in zip(ids, batch, strict=True)])  # the prompts
-    forget_last()
-    samples: dict[int, list[float]] = {k: [] for k in ks}
-    for _ in range(turns):
-        for k in ks:
-            items = [(i, p, p[-k:] if k else ()) for i, p in zip(ids, batch, strict=True)]
-            for run in range(3):
-                t0 = time.perf_counter()
-                target.verify_batch(items)
-                if run:
-                    samples[k].append(time.perf_counter() - t0)
-                forget_last()
-    for i in ids:
-        target.release(i)
     return {str(n * (k + 1)): round(statistics.median(v) * 1e3, 2) for k, v in samples.items()}
 
 

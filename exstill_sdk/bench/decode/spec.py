@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from exstill_sdk.adapters.onnx import OnnxTarget
-from exstill_sdk.bench.synthetic import image_or_synthetic
 from exstill_sdk.card import open_card
+from exstill_sdk.harness.synthetic import image_or_synthetic
 from exstill_sdk.harness.timing import best_of
 from exstill_sdk.speculative import SpeculativeDecoder
 

@@ -4,7 +4,7 @@ For each demo target (the small one, bound by arithmetic, and the large one, bou
 its weights), with the emulated card in its own process on its own core and the target and the
 host on the other:
 
-1. measure the profiles (bench.profile): the target's passes, the card's drafting and link;
+1. measure the profiles (plan.measure.profile): the target's passes, the card's drafting and link;
 2. a pilot run at every user count (K = 8, so that every position is drafted) gives the
    acceptance of those users' prompts, as a run's JSON; two pilot lengths give the host's own
    time a pass (their difference: the prompt and the streams' opening cancel out);
@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target
-from exstill_sdk.bench.profile import PILOT_K, measure, write_profiles
-from exstill_sdk.bench.users import plain_rate, speculative_rate
+from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
+from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target
+from exstill_sdk.plan.measure.profile import PILOT_K, measure, write_profiles
 
 TOLERANCE = 0.10
 

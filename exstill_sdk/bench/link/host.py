@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from exstill_sdk.adapters.onnx import OnnxTarget
-from exstill_sdk.bench.synthetic import synthetic_image
 from exstill_sdk.card import open_card
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
+from exstill_sdk.harness.synthetic import synthetic_image
 from exstill_sdk.speculative import SpeculativeDecoder
 
 SHORT_ROUNDS = 50

@@ -2,12 +2,12 @@
 
 - the ONNX target alone, with the card's transformer draft and with its prompt-lookup engine;
 - acceptance and tokens/s for fixed K = 1..8, and adaptive K against the best fixed K;
-- the users curve on the large (memory-bound) demo target (bench.users): plain batching against
-  the card, adaptive K against every fixed K, 1 to 16 users;
+- the users curve on the large (memory-bound) demo target (bench.decode.users): plain batching
+  against the card, adaptive K against every fixed K, 1 to 16 users;
 - the same two models loaded into transformers from the same weights: the target's own greedy
   ``generate``, HF assisted generation (``generate(assistant_model=draft)``), and our decoder
   with that HF target and the card;
-- the same draft against the target at several sizes (bench.sizes): the speed-up as the
+- the same draft against the target at several sizes (bench.decode.sizes): the speed-up as the
   target's step turns from bound by arithmetic to bound by memory.
 
 Every speculative output is compared with the target's own greedy output (``exact``). Prompts
@@ -109,7 +109,7 @@ def run(
             if hf:
                 result["hf_target"] = _hf_side_by_side(card, inputs, new_tokens, max(ks))
     if users:  # after the host is unpinned: these place their own processes
-        from exstill_sdk.bench import users as by_users
+        from exstill_sdk.bench.decode import users as by_users
 
         result["users"] = by_users.run(
             users=users,
@@ -120,7 +120,7 @@ def run(
             progress=progress,
         )
     if sizes:
-        from exstill_sdk.bench import sizes as by_size
+        from exstill_sdk.bench.decode import sizes as by_size
 
         result["sizes"] = by_size.run(
             sizes,

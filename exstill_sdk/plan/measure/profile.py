@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.demo_setup import demo_card, demo_onnx_target, user_prompts
-from exstill_sdk.bench.users import pass_costs
+from exstill_sdk.bench.decode.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
+from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.speculative.estimators import fit_line
 

@@ -1,6 +1,6 @@
 """One vLLM engine, the target with one way of drafting, timed over user counts: the process
-that ``exstill-bench vllm`` (bench/vllm_side.py) starts once per target and way, pinned to the
-cores that way gets. Run as ``python -m exstill_sdk.bench.vllm_engine`` with the job as JSON on
+that ``exstill-bench vllm`` (bench/vllm/side.py) starts once per target and way, pinned to the
+cores that way gets. Run as ``python -m exstill_sdk.bench.vllm.engine`` with the job as JSON on
 stdin; prints one JSON line.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the time vLLM's model

@@ -1,6 +1,6 @@
 """A trivial TCP echo server: the baseline a card link is compared against.
 
-``python -m exstill_sdk.bench.echo REQUEST_BYTES REPLY_BYTES`` prints its port, then answers
+``python -m exstill_sdk.bench.link.echo REQUEST_BYTES REPLY_BYTES`` prints its port, then answers
 every REQUEST_BYTES received with REPLY_BYTES bytes, on a blocking socket, one client at a time.
 """
 

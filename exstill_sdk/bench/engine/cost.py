@@ -99,7 +99,7 @@ def run(
     """Benchmark an image, or a synthetic Llama draft ``LAYERSxHIDDEN`` (vocab 32000)."""
     from exstill_firmware.engines.transformer import TransformerEngine
 
-    from exstill_sdk.bench.synthetic import image_or_synthetic
+    from exstill_sdk.harness.synthetic import image_or_synthetic
     from exstill_sdk.image import open_image
 
     with tempfile.TemporaryDirectory(prefix="exstill-bench-engine-") as tmp:

@@ -104,7 +104,7 @@ def _start_echo(
     request_bytes: int, reply_bytes: int, cpus: set[int] | None
 ) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exstill_sdk.bench.echo", str(request_bytes), str(reply_bytes)],
+        [sys.executable, "-m", "exstill_sdk.bench.link.echo", str(request_bytes), str(reply_bytes)],
         stdout=subprocess.PIPE,
         text=True,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,

@@ -16,7 +16,7 @@ from exstill_sdk.flash import flash
 
 
 def _image(root: Path, size_mb: int) -> Path:
-    from exstill_sdk.bench.synthetic import write_checkpoint
+    from exstill_sdk.harness.synthetic import write_checkpoint
     from exstill_sdk.image.pack import pack_checkpoint
 
     hidden = 512

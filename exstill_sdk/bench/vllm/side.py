@@ -16,7 +16,7 @@ environment this runs in) in one engine process per way:
   ``card_adaptive_k``, each row's K chosen up to K; ``card_model_only``, the draft model alone
   (the same draft as ``draft_model``, off the target's device).
 
-Every way serves the same held-out prompts at each load, U at a time (bench/vllm_engine.py),
+Every way serves the same held-out prompts at each load, U at a time (bench/vllm/engine.py),
 greedy, in float32 (the pair's precision; vLLM would run an f32 checkpoint in bf16, whose
 outputs change with the batch's shape), and is compared token for token with ``alone``.
 ``ngram`` and ``draft_model`` run at every K of ``ks`` (``ngram_k4`` ...), the other ways at the
@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.demo_setup import user_prompts
 from exstill_sdk.demo import demo_dir, demo_target, emulator_args
 from exstill_sdk.demo.targets import TARGETS, cache_dir
 from exstill_sdk.errors import ExstillError, InvalidArgumentError
 from exstill_sdk.harness.card_process import emulator_process, split_cores
+from exstill_sdk.harness.demo_setup import user_prompts
 from exstill_sdk.harness.speedup import Spread
 
 VLLM_VERSION = "0.32.0"
@@ -117,7 +117,7 @@ def hf_checkpoint(image: Any, name: str) -> Path:
 
 
 def _engine(job: dict[str, Any], cpus: set[int] | None) -> dict[str, Any]:
-    """One engine process (bench/vllm_engine.py) on ``cpus``; its JSON result."""
+    """One engine process (bench/vllm/engine.py) on ``cpus``; its JSON result."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GB))
     env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus))) if cpus else "nobind"
 
@@ -126,7 +126,7 @@ def _engine(job: dict[str, Any], cpus: set[int] | None) -> dict[str, Any]:
             os.sched_setaffinity(0, cpus)
 
     run = subprocess.run(
-        [sys.executable, "-m", "exstill_sdk.bench.vllm_engine"],
+        [sys.executable, "-m", "exstill_sdk.bench.vllm.engine"],
         input=json.dumps(job),
         capture_output=True,
         text=True,

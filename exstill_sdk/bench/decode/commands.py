@@ -1,0 +1,114 @@
+"""exstill-bench's decoding benchmarks: plain against speculative decoding (spec), the demo
+pair end to end, by target size and by users (e2e)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from exstill_sdk.bench.decode.sizes import DEFAULT_SIZES
+from exstill_sdk.cli.support import Subcommands, UsageError, comma_numbers
+
+
+def register(sub: Subcommands) -> None:
+    sp = sub.add_parser(
+        "spec", help="speculative vs plain decoding with the ONNX target; fixed vs adaptive K"
+    )
+    target = sp.add_mutually_exclusive_group(required=True)
+    target.add_argument("--image", help="card image to run as the target")
+    target.add_argument("--synthetic", metavar="LAYERSxHIDDEN", help="a random Llama target")
+    sp.add_argument("--draft-image", help="draft with this image on the card (default: lookup)")
+    sp.add_argument("--new-tokens", type=int, default=128, help="tokens to generate")
+    sp.add_argument("--repeats", type=int, default=2, help="runs per configuration (best kept)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.set_defaults(handler=_spec)
+    e2e = sub.add_parser(
+        "e2e",
+        help="the demo pair on held-out prompts: plain vs speculative, K sweep, users, and HF "
+        "assisted generation side by side",
+    )
+    e2e.add_argument("--prompts", type=int, default=3, help="held-out prompts (default 3)")
+    e2e.add_argument("--prompt-tokens", type=int, default=96, help="tokens per prompt")
+    e2e.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
+    e2e.add_argument("--max-k", type=int, default=8, help="sweep K = 1..MAX_K (default 8)")
+    e2e.add_argument(
+        "--users",
+        default="1,2,4,8,12,16",
+        help="the users curve on the large demo target: user counts (default 1,2,4,8,12,16; "
+        "'none' skips it)",
+    )
+    e2e.add_argument(
+        "--users-k",
+        default="1,2,3,4,6,8",
+        help="fixed K compared with adaptive K at every user count (default 1,2,3,4,6,8)",
+    )
+    e2e.add_argument(
+        "--users-repeats",
+        type=int,
+        default=2,
+        help="alternated runs of each way per user count (default 2)",
+    )
+    e2e.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    e2e.add_argument(
+        "--sizes",
+        default=",".join(DEFAULT_SIZES),
+        help="targets for the size sweep: small, large or a hidden size to expand the demo "
+        f"target to (default {','.join(DEFAULT_SIZES)}: 4.2M, 20M, 107M, 404M parameters; "
+        "built into ~/.cache/exstill on first use); 'none' skips the sweep",
+    )
+    e2e.add_argument(
+        "--size-runs", type=int, default=2, help="timed runs of each way per size (default 2)"
+    )
+    e2e.add_argument("--plot", metavar="DIR", help="also write PNG plots into DIR (matplotlib)")
+    e2e.add_argument("--json", action="store_true", help="print one JSON object")
+    e2e.set_defaults(handler=_e2e)
+
+
+def _sizes(text: str) -> tuple[str, ...]:
+    if text == "none":
+        return ()
+    sizes = tuple(s.strip() for s in text.split(","))
+    for size in sizes:
+        if size not in ("small", "large") and not (size.isdigit() and int(size) >= 256):
+            raise UsageError(
+                f"--sizes: {size!r} is not small, large or a hidden size of 256 or more"
+            )
+    return sizes
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    from exstill_sdk.bench.decode import spec
+
+    return spec.run(
+        args.image,
+        synthetic=args.synthetic,
+        draft_image=args.draft_image,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+    )
+
+
+def _e2e(args: argparse.Namespace) -> dict[str, Any]:
+    from exstill_sdk.bench.decode import e2e
+
+    if args.users_repeats < 1:
+        raise UsageError("--users-repeats wants 1 or more")
+    result = e2e.run(
+        prompts=args.prompts,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        ks=tuple(range(1, args.max_k + 1)),
+        users=() if args.users == "none" else comma_numbers("--users", args.users),
+        users_ks=comma_numbers("--users-k", args.users_k),
+        users_repeats=args.users_repeats,
+        hf=not args.no_hf,
+        sizes=_sizes(args.sizes),
+        size_runs=args.size_runs,
+        progress=not args.json and sys.stderr.isatty(),
+    )
+    if args.plot:
+        from exstill_sdk.bench.decode.plots import plot_e2e
+
+        result["plots"] = [str(p) for p in plot_e2e(result, args.plot)]
+    return result

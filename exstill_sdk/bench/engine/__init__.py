@@ -1,0 +1,1 @@
+"""Benchmarks of the card's transformer engine."""

@@ -1,0 +1,1 @@
+"""The card in vLLM against vLLM's own speculative methods."""

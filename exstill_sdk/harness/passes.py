@@ -1,0 +1,45 @@
+"""Timing a target's verification pass by the tokens in it: the one loop behind the demo's
+verify curve, the users curve's pass table and the planner's target profiles."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+
+def pass_seconds(
+    target: Any,
+    contexts: Sequence[Sequence[int]],
+    drafted: Sequence[int],
+    turns: int,
+    runs: int = 1,
+    warmup: int = 0,
+) -> dict[int, list[float]]:
+    """Seconds of one pass (``verify_batch``) of every context with K drafted tokens each, for
+    each K in ``drafted``: ``turns`` turns through the K (so that a slow moment of the machine
+    does not fall on one K), each K run ``warmup`` + ``runs`` times in a row with the first
+    ``warmup`` left out (the first pass of a new shape after another is slower, as it never is
+    in a decode). The target holds every context but its last token, which each pass scores
+    with the draft, as after a round; the sequences are released after."""
+    ids = [-100 - i for i in range(len(contexts))]
+
+    def forget_last() -> None:
+        for i, c in zip(ids, contexts, strict=True):
+            target.rollback(i, len(c) - 1)
+
+    target.verify_batch([(i, c, ()) for i, c in zip(ids, contexts, strict=True)])
+    forget_last()
+    samples: dict[int, list[float]] = {k: [] for k in drafted}
+    for _ in range(turns):
+        for k in drafted:
+            items = [(i, c, c[-k:] if k else ()) for i, c in zip(ids, contexts, strict=True)]
+            for run in range(warmup + runs):
+                t0 = time.perf_counter()
+                target.verify_batch(items)
+                if run >= warmup:
+                    samples[k].append(time.perf_counter() - t0)
+                forget_last()
+    for i in ids:
+        target.release(i)
+    return samples

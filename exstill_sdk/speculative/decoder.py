@@ -397,7 +397,9 @@ class SpeculativeDecoder:
     def _open(self, s: _Sequence) -> DraftStream:
         """A card stream for the sequence, empty (it catches up with the context next)."""
         sp = self.sampling
-        kw = dict(
+        stream = self.card.open_stream(
+            None if self.draft_target is not None else self.engine,
+            target=self.draft_target,
             temperature=sp.temperature,
             top_k=min(sp.top_k, 255),
             top_p=sp.top_p,
@@ -406,10 +408,6 @@ class SpeculativeDecoder:
             long_context=self.long_context,
             max_k=self.max_k,
         )
-        if self.draft_target is not None:
-            stream = self.card.open_stream(target=self.draft_target, **kw)  # type: ignore[arg-type]
-        else:
-            stream = self.card.open_stream(self.engine, **kw)  # type: ignore[arg-type]
         s.stream, s.card, s.sync_rid = stream, CardState.BEHIND, None
         return stream
 

@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.cli.support import EXIT_FAILED, EXIT_OK, UsageError, comma_numbers, print_result
+from exstill_sdk.cli.support import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    comma_numbers,
+    print_result,
+    require_plotting,
+)
 
 DEFAULT_USERS = "1,2,4,8,16"
 CHECK_USERS = "1,4,8,16"
@@ -68,6 +75,8 @@ def run_plan(args: argparse.Namespace) -> int:
             raise UsageError(f"--k wants auto or 0..{card.max_k}, not {args.k!r}") from None
         if not 0 <= k <= card.max_k:
             raise UsageError(f"--k wants auto or 0..{card.max_k}, not {k}")
+    if args.plot:
+        require_plotting("--plot")
     rows = []
     for u in users:
         best, tried = plan(target, card, acceptance, u, k)

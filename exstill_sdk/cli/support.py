@@ -13,6 +13,7 @@ Exit codes (README states them):
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -47,6 +48,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def require_plotting(option: str) -> None:
+    """Refuse ``option`` (a plot) before any work when matplotlib is not installed."""
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError:
+        raise UsageError(
+            f"{option} needs matplotlib: pip install 'exstill-sdk[bench]' (or pip install "
+            f"matplotlib), or leave {option} out"
+        ) from None
 
 
 def comma_numbers(option: str, text: str) -> tuple[int, ...]:

@@ -221,7 +221,7 @@ class Checkpoint:
 def _shards(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text("utf-8")).get("weight_map") or {}
+        weight_map = _read_json(index, "a safetensors index").get("weight_map") or {}
         files = sorted({directory / f for f in weight_map.values()})
         if not files:
             raise CheckpointError(f"{index} maps no tensors")
@@ -237,6 +237,21 @@ def _shards(directory: Path) -> list[Path]:
     raise CheckpointError(f"{directory} has no model.safetensors or model.safetensors.index.json")
 
 
+def _read_json(path: Path, what: str) -> Any:
+    """A checkpoint's JSON file, or a CheckpointError that names the file and what it must be."""
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        where = (
+            f" (line {exc.lineno}, column {exc.colno})"
+            if isinstance(exc, json.JSONDecodeError)
+            else ""
+        )
+        raise CheckpointError(f"{path} is not JSON{where}: it must be {what}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+
+
 def read_checkpoint(directory: str | Path, tokenizer: str | Path | None = None) -> Checkpoint:
     """Plan the conversion of a checkpoint: its architecture, tokenizer identity and tensors.
     ``tokenizer`` points at the target's tokenizer.json when the checkpoint lacks one."""
@@ -249,15 +264,16 @@ def read_checkpoint(directory: str | Path, tokenizer: str | Path | None = None) 
     config_path = directory / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{directory} has no config.json: is it an HF checkpoint directory?")
-    config = decoder_config(json.loads(config_path.read_text("utf-8")))
+    config = decoder_config(_read_json(config_path, "the model's HF config"))
     tok_path = Path(tokenizer) if tokenizer else directory / "tokenizer.json"
     if not tok_path.exists():
         raise CheckpointError(
             f"no tokenizer at {tok_path}: the image must carry the target's tokenizer identity; "
             "pass --tokenizer PATH/tokenizer.json"
         )
+    tokenizer_json = _read_json(tok_path, "an HF tokenizer.json")
     try:
-        tokens = tokenizer_json_vocab(json.loads(tok_path.read_text("utf-8")))
+        tokens = tokenizer_json_vocab(tokenizer_json)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{tok_path}: {exc}") from None
     fingerprint = fingerprint_tokens(

@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from exstill_sdk.errors import ImageSignatureError
+from exstill_sdk.errors import ImageSignatureError, InvalidArgumentError
 from exstill_sdk.image.format import SIGNATURE_DOMAIN
 
 TrustedKeys = Mapping[bytes, Ed25519PublicKey]
@@ -53,11 +53,24 @@ def generate_keypair(directory: str | Path, name: str = "exstill") -> tuple[Path
     return key_path, pub_path
 
 
-def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+def _key_file(path: str | Path, kind: str) -> bytes:
+    """A key file's bytes; a file that cannot be read is a mistake in the command line."""
     try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ImageSignatureError(f"cannot load signing key {path}: {exc}") from None
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"cannot read the {kind} {path}: {exc.strerror} (make a key pair: exstill-pack keygen)"
+        ) from None
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    data = _key_file(path, "signing key")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ImageSignatureError(
+            f"{path} is not a PEM signing key (make one: exstill-pack keygen): {exc}"
+        ) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise ImageSignatureError(
             f"{path} is not an Ed25519 private key (make one: exstill-pack keygen)"
@@ -66,10 +79,11 @@ def load_private_key(path: str | Path) -> Ed25519PrivateKey:
 
 
 def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    data = _key_file(path, "public key")
     try:
-        key = serialization.load_pem_public_key(Path(path).read_bytes())
-    except (OSError, ValueError, TypeError) as exc:
-        raise ImageSignatureError(f"cannot load public key {path}: {exc}") from None
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError) as exc:
+        raise ImageSignatureError(f"{path} is not a PEM public key: {exc}") from None
     if not isinstance(key, Ed25519PublicKey):
         raise ImageSignatureError(f"{path} is not an Ed25519 public key")
     return key

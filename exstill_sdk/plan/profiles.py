@@ -48,10 +48,11 @@ def read_document(path: str | Path) -> dict[str, Any]:
     """A profile file (``.toml`` or ``.json``) as a dict; a shipped profile by its name."""
     p = resolve(path)
     text = p.read_text(encoding="utf-8")
+    kind = "JSON" if p.suffix == ".json" else "TOML"  # what the file was read as
     try:
-        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ProfileError(f"{p.name}: not valid {p.suffix.lstrip('.').upper()}: {exc}") from None
+        raise ProfileError(f"{p.name}: not valid {kind} ({exc})") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{p.name}: a profile is a table of fields, not {type(data).__name__}")
     return data

@@ -258,9 +258,15 @@ class SpeculativeDecoder:
                 raise InvalidArgumentError("a prompt needs at least one token")
             capacity = self.card.info().context
             if not self.long_context and len(p) + max_new_tokens > capacity:
+                remedy = (
+                    "use long_context=True"
+                    if self.draft_target is not None
+                    else "draft with a target image on the card (draft=..., long_context=True): "
+                    "built-in engines have no long-context mode"
+                )
                 raise ContextFullError(
                     f"prompt of {len(p)} tokens + {max_new_tokens} new ones exceed the card's "
-                    f"{capacity}-token slot; shorten it or use long_context=True"
+                    f"{capacity}-token slot; shorten them or {remedy}"
                 )
         pending = deque(self._new_sequence(p, max_new_tokens, stops) for p in prompts)
         if sink is not None:

@@ -4,6 +4,7 @@ one line that names the field."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -78,3 +79,38 @@ def test_usage_mistakes() -> None:
         assert out.returncode == 2 and words in out.stderr, out.stderr
     out = _plan("--target", "no-such", "--acceptance", "seed-qwen3-next")
     assert out.returncode == 2 and "shipped ones" in out.stderr
+
+
+def test_a_profile_file_without_a_suffix_that_is_not_toml_says_so(tmp_path: Path) -> None:
+    """A file without .toml or .json is read as TOML, and the error says which."""
+    profile = tmp_path / "acceptance"
+    profile.write_text("this is not a profile\n")
+    out = _plan("--target", "gpt-oss-120b", "--acceptance", str(profile))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == (
+        "exstill plan: acceptance: not valid TOML (Expected '=' after a key in a key/value pair "
+        "(at line 1, column 6))"
+    )
+
+
+def test_plot_without_matplotlib_is_refused_before_any_work(tmp_path: Path) -> None:
+    """Where matplotlib is not installed (a matplotlib that cannot be imported stands first on
+    the path here), --plot is refused in one line that names the extra; nothing is written."""
+    blocker = tmp_path / "site" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    out = subprocess.run(
+        [script("exstill"), "plan", "--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next"]
+        + ["--plot", str(tmp_path / "p")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (
+        "exstill plan: --plot needs matplotlib: pip install 'exstill-sdk[bench]' (or pip install "
+        "matplotlib), or leave --plot out"
+    )
+    assert not (tmp_path / "p").exists()

@@ -92,3 +92,43 @@ def test_inspect_on_mutated_images_fails_cleanly(
     assert code == 1
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("exstill-pack inspect: ")
+
+
+def test_files_that_are_not_what_they_should_be_are_named_in_one_line(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    """A config.json or a tokenizer that is not JSON, a signing key that is not there or not a
+    key: one line naming the file, no traceback; a file that is not there is exit 2."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("not json")
+    out = run(str(broken), "-o", str(tmp_path / "a.img"), "--target", "x")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == (
+        f"exstill-pack: {broken / 'config.json'} is not JSON (line 1, column 1): it must be the "
+        "model's HF config"
+    )
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{oops")
+    out = run(
+        str(llama_dir),
+        "-o",
+        str(tmp_path / "b.img"),
+        "--target",
+        "x",
+        "--tokenizer",
+        str(tokenizer),
+    )
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert (
+        f"{tokenizer} is not JSON (line 1, column 2): it must be an HF tokenizer.json" in out.stderr
+    )
+    image = tmp_path / "c.img"
+    assert run(str(llama_dir), "-o", str(image), "--target", "x").returncode == 0
+    out = run("sign", str(image), "--key", str(tmp_path / "missing.pem"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot read the signing key" in out.stderr and "exstill-pack keygen" in out.stderr
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk")
+    out = run("sign", str(image), "--key", str(junk))
+    assert out.returncode == 1 and f"{junk} is not a PEM signing key" in out.stderr

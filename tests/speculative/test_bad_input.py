@@ -92,8 +92,16 @@ def test_prompt_longer_than_the_context(tiny: Path) -> None:
     target = OnnxTarget(tiny / "tiny.img", positions=64)
     with open_card(f"emu://?image={tiny / 'tiny.img'}&context=64") as card:
         decoder = SpeculativeDecoder(card, target, draft="tiny")
-        with pytest.raises(ContextFullError, match="64-token slot"):
+        with pytest.raises(ContextFullError, match="64-token slot") as refused:
             decoder.generate(list(range(1, 30)) * 2, 10)
+        assert str(refused.value).endswith("shorten them or use long_context=True")
+        # the advice works: a target stream outgrows its slot with long_context
+        long = SpeculativeDecoder(card, target, draft="tiny", long_context=True)
+        assert len(long.generate(list(range(1, 30)) * 2, 3, stop_token_ids=[]).tokens) == 3
+        # the lookup engine has no long-context mode: the advice says to draft with a target
+        lookup = SpeculativeDecoder(card, target, engine="lookup")
+        with pytest.raises(ContextFullError, match="built-in engines have no long-context mode"):
+            lookup.generate(list(range(1, 30)) * 2, 10)
 
 
 def test_card_disappearing_mid_round(tiny: Path) -> None:

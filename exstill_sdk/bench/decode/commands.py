@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from exstill_sdk.bench.decode.sizes import DEFAULT_SIZES
-from exstill_sdk.cli.support import Subcommands, UsageError, comma_numbers
+from exstill_sdk.cli.support import Subcommands, UsageError, comma_numbers, require_plotting
 
 
 def register(sub: Subcommands) -> None:
@@ -94,6 +94,8 @@ def _e2e(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.users_repeats < 1:
         raise UsageError("--users-repeats wants 1 or more")
+    if args.plot:
+        require_plotting("--plot")
     result = e2e.run(
         prompts=args.prompts,
         prompt_tokens=args.prompt_tokens,

@@ -100,9 +100,9 @@ def test_plot_without_matplotlib_is_refused_before_any_work(tmp_path: Path) -> N
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('not installed here')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    args = ["--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next"]
     out = subprocess.run(
-        [script("exstill"), "plan", "--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next"]
-        + ["--plot", str(tmp_path / "p")],
+        [script("exstill"), "plan", *args, "--plot", str(tmp_path / "p")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -39,6 +39,13 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+def as_foreground() -> None:
+    """In the child before it runs: Ctrl-C as a terminal's foreground job has it. A test
+    runner started in the background (nohup, a CI job) ignores SIGINT, every child inherits
+    that, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     proc.terminate()
     proc.communicate(timeout=10)
@@ -134,6 +141,7 @@ def test_ctrl_c_during_flash_then_the_same_command_resumes(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=as_foreground,
         )
         deadline = time.monotonic() + 60
         while proxy.forwarded < size // 3 and time.monotonic() < deadline:
@@ -184,6 +192,7 @@ def test_ctrl_c_during_pack_leaves_nothing_behind(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_foreground,
     )
     deadline = time.monotonic() + 60
     while not any(out_dir.iterdir()) and time.monotonic() < deadline:
@@ -200,6 +209,7 @@ def test_ctrl_c_during_the_demo(demo_cache: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_foreground,
     )
     assert demo.stdout is not None
     seen = ""

@@ -78,7 +78,7 @@ def geometric(source: str, mean_length: float, k: int) -> Acceptance:
 
 def load_acceptance(path: str | Path) -> Acceptance:
     """An acceptance profile or a run's JSON (module docstring)."""
-    p = resolve(path)
+    p = resolve(path, "acceptance")
     data = read_document(p)
     if "acceptance" in data:
         fields = Fields(p.name, data["acceptance"], "acceptance")

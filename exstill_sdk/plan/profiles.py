@@ -45,8 +45,8 @@ class ProfileError(InvalidArgumentError):
 
 
 def read_document(path: str | Path) -> dict[str, Any]:
-    """A profile file (``.toml`` or ``.json``) as a dict; a shipped profile by its name."""
-    p = resolve(path)
+    """A profile file (``.toml`` or ``.json``) as a dict."""
+    p = Path(path)
     text = p.read_text(encoding="utf-8")
     kind = "JSON" if p.suffix == ".json" else "TOML"  # what the file was read as
     try:
@@ -58,17 +58,30 @@ def read_document(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def resolve(path: str | Path) -> Path:
+KINDS = {"targets": "target", "cards": "card", "acceptance": "acceptance"}
+"""Shipped profiles' folders, and the option that takes each (--target, --card, --acceptance)."""
+
+
+def resolve(path: str | Path, kind: str) -> Path:
     """``path`` itself if it exists, else a shipped profile of that name (``gpt-oss-120b``,
-    ``targets/gpt-oss-120b.toml``)."""
+    ``targets/gpt-oss-120b.toml``) in the ``kind`` folder (targets, cards, acceptance). A path
+    that names a file (a folder or a suffix in it) must exist."""
     p = Path(path)
     if p.exists():
         return p
-    for candidate in (SHIPPED / p, *SHIPPED.glob(f"*/{p.name}"), *SHIPPED.glob(f"*/{p}.toml")):
-        if candidate.is_file():
+    for candidate in (SHIPPED / kind / p.name, SHIPPED / kind / f"{p.name}.toml"):
+        if candidate.is_file() and (len(p.parts) == 1 or p.parent.name == kind):
             return candidate
-    names = ", ".join(sorted(q.stem for q in SHIPPED.glob("*/*.toml")))
-    raise FileNotFoundError(2, f"no such profile (shipped ones: {names})", str(path))
+    if len(p.parts) > 1 or p.suffix in (".toml", ".json"):
+        raise FileNotFoundError(2, "no such file", str(path))
+    for other, option in KINDS.items():
+        if other != kind and (SHIPPED / other / f"{p.name}.toml").is_file():
+            raise ProfileError(
+                f"{p.name} is a shipped {option} profile: pass it as --{option}, not "
+                f"--{KINDS[kind]}"
+            )
+    names = ", ".join(sorted(q.stem for q in (SHIPPED / kind).glob("*.toml")))
+    raise FileNotFoundError(2, f"no such {KINDS[kind]} profile (shipped ones: {names})", str(path))
 
 
 class Fields:
@@ -309,7 +322,7 @@ class TargetProfile:
 
 
 def load_target(path: str | Path) -> TargetProfile:
-    p = resolve(path)
+    p = resolve(path, "targets")
     top = Fields(p.name, read_document(p), "").only("target")
     t = top.sub("target").only("name", "source", "context", "pass", "step", "memory", "verify")
     src = p.name
@@ -456,7 +469,7 @@ class CardProfile:
 
 
 def load_card(path: str | Path) -> CardProfile:
-    p = resolve(path)
+    p = resolve(path, "cards")
     top = Fields(p.name, read_document(p), "").only("card", "host")
     c = top.sub("card").only(*CARD_FIELDS)
     host = (top.sub("host") if top.has("host") else Fields(p.name, {}, "host")).only(

@@ -114,3 +114,22 @@ def test_plot_without_matplotlib_is_refused_before_any_work(tmp_path: Path) -> N
         "matplotlib), or leave --plot out"
     )
     assert not (tmp_path / "p").exists()
+
+
+def test_a_profile_of_the_wrong_kind_or_none_is_named_for_what_it_is() -> None:
+    """A shipped card named as a target, a name no shipped target has, a file that is not
+    there: each one line saying which, exit 2."""
+    cases = {
+        ("--target", "exstill-x1"): "exstill-x1 is a shipped card profile: pass it as --card, "
+        "not --target",
+        ("--target", "nonesuch"): "nonesuch: no such target profile (shipped ones: "
+        "deepseek-v4-pro, gpt-oss-120b, kimi-k3, qwen3-next-80b)",
+        ("--target", "/nonexistent/t.toml"): "/nonexistent/t.toml: no such file",
+        ("--acceptance", "gpt-oss-120b"): "gpt-oss-120b is a shipped target profile: pass it "
+        "as --target, not --acceptance",
+    }
+    for (option, value), said in cases.items():
+        args = {"--target": "gpt-oss-120b", "--acceptance": "seed-qwen3-next", option: value}
+        out = _plan(*(x for pair in args.items() for x in pair))
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip() == f"exstill plan: {said}"

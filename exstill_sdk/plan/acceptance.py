@@ -109,6 +109,12 @@ def _profile(source: str, a: Fields) -> Acceptance:
 
 def _from_run(data: Any) -> tuple[float, ...] | None:
     for table in _tables(data):
+        shown = table.get("acceptance_per_position")  # exstill demo --json
+        if isinstance(shown, list) and all(isinstance(v, (int, float)) for v in shown):
+            while shown and not shown[-1]:  # positions no draft reached
+                shown = shown[:-1]
+            if shown:
+                return tuple(_non_rising([max(0.0, min(1.0, float(v))) for v in shown]))
         per_pos = table.get("num_accepted_tokens_per_pos")
         if isinstance(per_pos, list) and per_pos:
             drafts = table.get("num_drafts_per_pos", table.get("num_draft_tokens_per_pos"))

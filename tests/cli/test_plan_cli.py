@@ -133,3 +133,22 @@ def test_a_profile_of_the_wrong_kind_or_none_is_named_for_what_it_is() -> None:
         out = _plan(*(x for pair in args.items() for x in pair))
         assert out.returncode == 2, out.stderr
         assert out.stderr.strip() == f"exstill plan: {said}"
+
+
+def test_the_demos_own_json_is_an_acceptance_profile(tmp_path: Path) -> None:
+    """exstill plan --acceptance takes what exstill demo --json prints, as it is."""
+    args = ["--target", "small", "--max-new-tokens", "48", "--runs", "1", "--json"]
+    demo = subprocess.run(
+        [script("exstill"), "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert demo.returncode == 0, demo.stderr
+    shown = json.loads(demo.stdout)["acceptance_per_position"]
+    run = tmp_path / "demo.json"
+    run.write_text(demo.stdout)
+    out = _plan("--target", "gpt-oss-120b", "--acceptance", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    per_position = json.loads(out.stdout)["acceptance"]["per_position"]
+    assert per_position[0] == shown[0] and per_position[0] > 0

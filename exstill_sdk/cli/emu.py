@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import json
 import logging
@@ -181,7 +182,20 @@ def main(argv: list[str] | None = None) -> int:
                 remote_needs_key=not args.insecure,
             )
         )
-    except (ExstillError, OSError) as exc:
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            reason = {
+                errno.EADDRINUSE: "is in use",
+                errno.EADDRNOTAVAIL: "is not an address of this machine",
+                errno.EACCES: "needs more privileges",
+            }[exc.errno]
+            busy = UsageError(
+                f"--listen {args.listen}: the address {reason}; choose another (port 0 takes "
+                "a free one)"
+            )
+            return fail("exstill-emu", busy, args.json)
+        return fail("exstill-emu", exc, args.json)
+    except ExstillError as exc:
         return fail("exstill-emu", exc, args.json)
     if args.json:
         where = (

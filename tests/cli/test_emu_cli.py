@@ -172,3 +172,21 @@ def test_serves_a_target_image(tmp_path) -> None:
         timeout=60,
     )
     assert bad.returncode == 1 and "digest mismatch" in bad.stderr  # the image said no
+
+
+def test_a_busy_port_is_one_line_that_says_what_to_do() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [script("exstill-emu"), "--listen", f"tcp://127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"exstill-emu: --listen tcp://127.0.0.1:{port}: the address is in use; choose another "
+        "(port 0 takes a free one)"
+    )

@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the card's images.",
     )
     p.add_argument("image", nargs="?", help="card image to flash (made by exstill-pack)")
-    p.add_argument("--url", help="the card (usb://, serial://, tcp://, emu://)")
+    p.add_argument(
+        "--url", help="the card (usb://, serial://, tcp://; an emulator started with --store DIR)"
+    )
     p.add_argument(
         "--key",
         metavar="FILE",

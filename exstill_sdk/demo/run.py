@@ -21,6 +21,7 @@ from exstill_sdk.demo.targets import DemoTarget, demo_target
 from exstill_sdk.errors import ExstillError, UnknownModelError
 from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
 from exstill_sdk.harness.speedup import SpeedupRun, measure_speedup
+from exstill_sdk.protocol.constants import Features
 
 DEFAULT_PROMPT = 'def read_config(path):\n    """Read a configuration file and return a dict."""\n'
 MAX_K = 8
@@ -55,6 +56,20 @@ class DemoResult:
             "placement": self.placement,
             **self.run.to_dict(),
         }
+
+
+def missing_draft_advice(url: str | None, features: Features) -> str:
+    """What to do when the card at ``url`` lacks the demo's draft: flash it where the card has
+    an image store (with the admin key a network link needs), else serve an emulator with it."""
+    image = demo_dir() / "draft.img"
+    said = f"the card at {url} has no {DRAFT_TARGET!r} image; "
+    if not features & Features.IMAGE_STORE:
+        return said + (
+            "it has no image store to flash it to: serve an emulated card with it "
+            f"(exstill-emu --image {image}) and pass that URL, or leave --url out"
+        )
+    key = " --key ADMIN_KEY_FILE" if url and url.startswith("tcp://") else ""
+    return said + f"flash it with: exstill-flash {image} --url {url}{key}"
 
 
 def run_demo(
@@ -101,10 +116,7 @@ def run_demo(
                 f" on cpu {card_cpu}, target on cpu {host_cpu}" if card_cpu is not None else ""
             )
         if DRAFT_TARGET not in {t.name for t in card.info().targets}:
-            raise UnknownModelError(
-                f"the card at {url} has no {DRAFT_TARGET!r} image; flash it with: "
-                f"exstill-flash {demo_dir() / 'draft.img'} --url {url}"
-            )
+            raise UnknownModelError(missing_draft_advice(url, card.info().features))
         stack.enter_context(pinned(host_cpu))
         model = OnnxTarget(chosen.image, max_sequences=1, positions=POSITIONS, threads=THREADS)
 

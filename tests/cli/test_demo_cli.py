@@ -78,7 +78,7 @@ def test_demo_against_a_card_over_tcp() -> None:
     proc, url = start_emu("--context", "2048")  # no demo draft on this card
     try:
         out = demo("--target", "small", "--url", url, "--max-new-tokens", "8")
-        assert out.returncode == 1 and "exstill-flash" in out.stderr  # the card said no
+        assert out.returncode == 1 and "exstill-emu --image" in out.stderr  # the card said no
         assert out.stdout == ""  # the card is asked first: no prompt printed before failing
     finally:
         proc.terminate()
@@ -92,3 +92,32 @@ def test_demo_against_a_card_over_tcp() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_card_without_the_draft_gets_advice_that_works(tmp_path: Path, admin_key: Path) -> None:
+    """A card with a store: the advice is an exstill-flash command with the admin key the link
+    needs, and that command (the key file put in) flashes the draft. A card without one: the
+    advice is to serve an emulator with the draft."""
+    proc, url = start_emu("--store", str(tmp_path / "store"), "--admin-key", str(admin_key))
+    try:
+        out = demo("--target", "small", "--url", url, "--max-new-tokens", "8")
+        assert out.returncode == 1 and "Traceback" not in out.stderr
+        advice = out.stderr.strip().split("flash it with: ", 1)[1]
+        command = advice.replace("ADMIN_KEY_FILE", str(admin_key)).split()
+        assert command[0] == "exstill-flash" and "--key" in command
+        flashed = subprocess.run(
+            [script("exstill-flash"), *command[1:]], capture_output=True, text=True, timeout=300
+        )
+        assert flashed.returncode == 0, flashed.stderr
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    proc, url = start_emu()
+    try:
+        out = demo("--target", "small", "--url", url, "--max-new-tokens", "8")
+        assert out.returncode == 1
+        assert f"exstill-emu --image {demo_dir() / 'draft.img'}" in out.stderr
+        assert "exstill-flash" not in out.stderr
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)

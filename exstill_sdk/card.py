@@ -20,6 +20,7 @@ from exstill_sdk.errors import (
     DeviceLostError,
     ExstillError,
     InvalidArgumentError,
+    LinkTimeoutError,
     ProtocolError,
     TransportError,
     UnknownModelError,
@@ -48,6 +49,8 @@ from exstill_sdk.stream import DraftStream
 from exstill_sdk.transport import TracingTransport, Transport, open_transport
 
 DEFAULT_TIMEOUT = 5.0
+HANDSHAKE_TIMEOUT = 5.0
+"""The most a handshake waits, whatever the timeout chosen for requests."""
 
 
 class Card(ImageStoreRequests):
@@ -182,8 +185,22 @@ class Card(ImageStoreRequests):
     # ------------------------------------------------------------ control
 
     def _hello(self, client: str) -> CardInfo:
+        """The handshake, within HANDSHAKE_TIMEOUT (a card answers it at once; a long timeout
+        chosen for transfers must not make a silent server look like a slow card)."""
         req = m.HelloRequest(PROTOCOL_VERSION, PROTOCOL_VERSION, client)
-        reply = m.decode_hello_reply(self.request(Opcode.HELLO, m.encode_hello_request(req)))
+        try:
+            payload = self.request(
+                Opcode.HELLO,
+                m.encode_hello_request(req),
+                timeout=min(self.timeout, HANDSHAKE_TIMEOUT),
+            )
+        except LinkTimeoutError:
+            raise LinkTimeoutError(
+                f"{self.url or 'the link'} did not answer the handshake within "
+                f"{min(self.timeout, HANDSHAKE_TIMEOUT):g} s: is it an Exstill card, and is it "
+                "running?"
+            ) from None
+        reply = m.decode_hello_reply(payload)
         return CardInfo(
             protocol_version=reply.version,
             firmware=reply.firmware,

@@ -248,6 +248,35 @@ def not_a_card(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     listener.close()
 
 
+def test_a_silent_server_is_a_handshake_that_timed_out_not_a_transfer() -> None:
+    """A server that waits for the client to speak first and never answers a frame (as an HTTP
+    server waits for a whole request line): the handshake gives up on its own deadline, not
+    exstill-flash's transfer timeout, and says what to check."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        out = tool("exstill-flash", "--list", "--url", url, timeout=120)
+        assert out.returncode == 1
+        assert one_line(out.stderr) == (
+            f"exstill-flash: {url} did not answer the handshake within 5 s: is it an Exstill "
+            "card, and is it running?"
+        )
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
 def test_a_server_that_is_not_a_card_is_named_at_once(not_a_card: tuple[str, str]) -> None:
     url, sent = not_a_card
     with pytest.raises(NotACardError, match="answered, but not as an Exstill card"):

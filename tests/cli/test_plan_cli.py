@@ -152,3 +152,20 @@ def test_the_demos_own_json_is_an_acceptance_profile(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     per_position = json.loads(out.stdout)["acceptance"]["per_position"]
     assert per_position[0] == shown[0] and per_position[0] > 0
+
+
+def test_the_refusal_docs_planning_md_quotes_is_what_the_tool_prints(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "planning.md").read_text()
+    command, quoted = doc.split("$ exstill plan ", 1)[1].split("\n")[:2]
+    (tmp_path / "bad.toml").write_text(
+        '[target]\nname = "bad"\nsource = "a test"\n[target.pass]\ntokens = [1, 8]\n'
+        "ms = [10.0, -1.0]\n"
+    )
+    out = subprocess.run(
+        [script("exstill"), "plan", *command.split()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2 and out.stderr.strip() == quoted

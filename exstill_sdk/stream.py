@@ -200,7 +200,7 @@ class DraftStream:
             self._resync = True
             raise
         result = m.parse_draft_reply_frame(reply)
-        self.length += len(self.last_draft.kept(verdict))
+        self.length += verdict.accepted + 1  # what any draft's verdict keeps: its own token too
         self.last_draft = result
         return result
 

@@ -83,6 +83,5 @@ class Prefetcher:
                     branch,
                     proposal.tokens,
                     proposal.dists,
-                    proposal.prepared,
                     proposal.lookup,
                 )

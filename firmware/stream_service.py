@@ -221,7 +221,7 @@ class StreamService:
             else:
                 t.prefetch_misses += 1
         stream.begin_change()
-        state.extend(committed, hit.prepared if hit is not None else None)
+        state.extend(committed)
         stream.end_change()
         if hit is not None:
             return self._serve(

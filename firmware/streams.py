@@ -25,8 +25,6 @@ class PrefetchResult(NamedTuple):
     tokens: bytes
     """Up to k+1 drafted tokens after the branch (the last one is the next guess)."""
     dists: tuple | None
-    prepared: object
-    """The engine's work towards committing ``branch`` (Proposal.prepared)."""
     lookup: bool = False
     """Proposal.lookup."""
 

@@ -34,9 +34,6 @@ class Proposal(NamedTuple):
     """Drafted token ids, u32 little-endian; may be shorter than asked."""
     dists: tuple[Distribution, ...] | None = None
     """The distribution each token was sampled from; None for deterministic drafts."""
-    prepared: object = None
-    """When drafting after a ``branch``: engine-private work towards committing exactly that
-    branch, handed back to ``extend`` if the host commits it (a prefetch hit)."""
     lookup: bool = False
     """Prompt lookup drafted it inside a model's stream (engines/hybrid.py): the reply says so
     (DraftFlags.LOOKUP)."""
@@ -53,9 +50,8 @@ class EngineState(ABC):
         """Committed tokens (absolute, including any an engine has evicted)."""
 
     @abstractmethod
-    def extend(self, tokens: bytes, prepared: object = None) -> None:
-        """Append committed tokens (u32 LE). ``prepared`` is a Proposal's ``prepared`` from
-        drafting after exactly these tokens on the unchanged context, or None."""
+    def extend(self, tokens: bytes) -> None:
+        """Append committed tokens (u32 LE)."""
 
     @abstractmethod
     def truncate(self, length: int) -> None:
@@ -81,22 +77,22 @@ class ContextState(EngineState):
     def length(self) -> int:
         return len(self.context) >> 2
 
-    def extend(self, tokens: bytes, prepared: object = None) -> None:
+    def extend(self, tokens: bytes) -> None:
         start = len(self.context) >> 2
         self.context += tokens
-        self._extended(start, prepared)
+        self._extended(start)
 
     def truncate(self, length: int) -> None:
+        self._truncating(length)
         del self.context[length * 4 :]
-        self._truncated(length)
 
     @abstractmethod
-    def _extended(self, start: int, prepared: object = None) -> None:
-        """Tokens from position ``start`` on were appended; ``prepared`` as in ``extend``."""
+    def _extended(self, start: int) -> None:
+        """Tokens from position ``start`` on were appended."""
 
     @abstractmethod
-    def _truncated(self, length: int) -> None:
-        """The context was cut back to ``length`` tokens."""
+    def _truncating(self, length: int) -> None:
+        """The context is about to be cut back to ``length`` tokens (it still holds them)."""
 
 
 class DraftEngine(ABC):

@@ -34,8 +34,8 @@ class HybridState(EngineState):
     def length(self) -> int:
         return self.model.length
 
-    def extend(self, tokens: bytes, prepared: object = None) -> None:
-        self.model.extend(tokens, prepared)  # prepared only ever comes from the model's drafts
+    def extend(self, tokens: bytes) -> None:
+        self.model.extend(tokens)
         self.lookup.extend(tokens)
 
     def truncate(self, length: int) -> None:

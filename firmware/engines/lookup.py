@@ -2,148 +2,230 @@
 
 Like vLLM's ngram proposer and HF prompt lookup decoding, it matches the longest suffix n-gram
 (``min_n`` <= n <= ``max_n``) of the context against earlier text and proposes the tokens that
-followed it; it needs no weights. Instead of scanning the context each round, it keeps an index
-from every n-gram to the position after its latest occurrence, updated as tokens are committed,
-so a round costs O(new tokens x n range) whatever the context length. A rollback rebuilds the
-index (O(length)): rollbacks are rare, rounds are not.
+followed it; it needs no weights. When the match runs into the text being matched (a repeating
+pattern), the draft repeats the pattern: proposed token i is the token at match + i of
+context + draft.
 
-The index holds positions only, as hash chains over the context (as zlib's matcher does): per
-n, ``head[hash(n-gram) mod M]`` is the latest position after an n-gram of that hash and
-``prev[j]`` the one before position j in the same chain; a lookup walks the chain, comparing
-the context itself, to the latest position after exactly that n-gram. That is one 32-bit
-integer per position and n, plus the head table (M between 2 and 4 times the length, rebuilt
-when the text outgrows it): about 40 bytes per token for n = 2..4, where a dictionary of n-gram
-keys took about 460.
+Where it looks, so that a round costs the same whatever the context length:
+- **The recent text** (at most ``LAG`` tokens, plus a branch being drafted ahead on) is searched
+  directly, with ``bytes.rfind`` on the u32 wire bytes: one C scan, no per-token Python work.
+  A round's commit is a bytearray append and nothing else.
+- **The older text** is indexed as hash chains over positions (as zlib's matcher does): per n,
+  ``head[bucket(n-gram)]`` is the latest position after an n-gram of that bucket and
+  ``prev[j]`` the one before position j in the same chain; a lookup walks the chain, comparing
+  the context itself. Once ``LAG`` tokens have gathered unindexed, they are indexed in one
+  numpy batch (a polynomial hash per n-gram, chains linked by a stable sort), so the per-token
+  cost of indexing is numpy's, not the interpreter's.
 
-When the match runs into the text being matched (a repeating pattern), the draft repeats the
-pattern: proposed token i is the token at match + i of context + draft.
+That is one int32 per position and n, plus a head table of 1 to 2 entries a position: 30 to
+45 bytes a token for n = 2..4, the context included (a dictionary of n-gram keys took about
+460). A rollback unlinks
+the positions it removes (O(tokens removed)), restoring the chains exactly.
 """
 
 from __future__ import annotations
 
+import struct
 from array import array
+
+import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
 
 from .base import ContextState, DraftEngine, Proposal, Sampling
 
-Entries = list[tuple[int, bytes]]
-"""Per n: (position j, the n-gram before j) to index."""
+LAG = 256
+"""Most committed tokens left unindexed: the recent text a round searches directly."""
+
+_P = 0x100000001B3  # polynomial base of the n-gram hash (FNV's prime)
+_MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits pick the bucket
+_MASK64 = (1 << 64) - 1
+_KEYS = {n: struct.Struct(f"<{n}I") for n in range(1, 65)}
+
+
+def _key_hash(key: bytes | bytearray) -> int:
+    """The 64-bit hash of one n-gram given as wire bytes (as ``_Chains.link`` computes it)."""
+    h = 0
+    for t in _KEYS[len(key) >> 2].unpack(key):
+        h = (h * _P + t) & _MASK64
+    return (h * _MIX) & _MASK64
 
 
 class _Chains:
-    """Positions after each n-gram of one n, as hash chains over the context."""
+    """For each n, the positions after each n-gram, as hash chains over the context.
 
-    __slots__ = ("head", "n", "prev", "width")
+    One table serves every n: bucket ``c * size + (hash >> shift)`` for the c-th n, and
+    position j's link at ``prev[j * ns + c]``. Plain arrays, so that a lookup reads them at
+    interpreter speed; linking writes them through numpy views, one batch for all n at once.
+    """
 
-    def __init__(self, n: int) -> None:
-        self.n, self.width = n, 4 * n
-        self.head = array("i", [-1]) * 64
-        self.prev = array("i", [-1]) * n  # positions below n follow no n-gram
+    __slots__ = ("head", "ns", "prev", "shift", "size")
 
-    def add(self, entries: Entries, context: bytearray) -> None:
-        """Index (j, n-gram before j) pairs: the positions right after those indexed so far."""
-        if entries and entries[-1][0] >= len(self.head):  # keep chains short: grow with the text
-            self._rebuild(2 * (entries[-1][0] + 1), entries[0][0], context)
-        head, prev, mask = self.head, self.prev, len(self.head) - 1
-        for j, key in entries:
-            h = hash(key) & mask
-            prev.append(head[h])  # prev[j]
-            head[h] = j
+    def __init__(self, ns: tuple[int, ...]) -> None:
+        self.ns = ns
+        self.prev = array("i")
+        self._resize(0)
 
-    def _rebuild(self, size: int, upto: int, context: bytearray) -> None:
-        """A head table of ``size`` over the positions before ``upto``."""
-        size = 1 << (size - 1).bit_length()
-        head, prev, mask, w = array("i", [-1]) * size, self.prev, size - 1, self.width
-        for j in range(self.n, upto):
-            h = hash(_take(context, 4 * j - w, 4 * j)) & mask
-            prev[j] = head[h]
-            head[h] = j
-        self.head = head
+    def _resize(self, positions: int) -> None:
+        """An empty head table of 1 to 2 buckets a position for each n."""
+        bits = max(6, (positions - 1).bit_length())
+        self.size, self.shift = 1 << bits, 64 - bits
+        self.head = array("i", [-1]) * (self.size * len(self.ns))
 
-    def find(self, key: bytes, context: bytearray) -> int | None:
-        """The latest indexed position right after ``key``."""
-        prev, w = self.prev, self.width
-        j = self.head[hash(key) & (len(self.head) - 1)]
+    def _batch(
+        self, context: bytearray, first: int, end: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions first..end-1 of every n (those at or after n): each one's bucket, link
+        slot and position, oldest first within each n."""
+        max_n = self.ns[-1]
+        base = max(0, first - max_n)
+        tokens = np.frombuffer(context, np.uint32, end - base, 4 * base).astype(np.uint64)
+        shift, out_b, out_s, out_j = np.uint64(self.shift), [], [], []
+        h = np.zeros(len(tokens), np.uint64)
+        p = np.uint64(_P)
+        for n in range(1, max_n + 1):  # h[i]: the hash of tokens[i : i + n]
+            h = h[: len(tokens) - n + 1] * p + tokens[n - 1 :]
+            if n not in self.ns:
+                continue
+            c = self.ns.index(n)
+            lo = max(first, n)
+            if lo >= end:
+                continue
+            grams = h[lo - n - base : end - n - base]  # the n-grams before positions lo..end-1
+            out_b.append(((grams * np.uint64(_MIX)) >> shift).astype(np.intp) + c * self.size)
+            j = np.arange(lo, end, dtype=np.intp)
+            out_j.append(j)
+            out_s.append(j * len(self.ns) + c)
+        if not out_b:
+            empty = np.empty(0, np.intp)
+            return empty, empty, empty
+        return np.concatenate(out_b), np.concatenate(out_s), np.concatenate(out_j)
+
+    def link(self, context: bytearray, first: int, end: int) -> None:
+        """Link positions first..end-1 (the next ones), as one insertion after another would;
+        the head table grows first when the text outgrows it, and then every position is
+        linked again."""
+        if end > self.size:
+            self._resize(end)
+            first = 0
+        room = end * len(self.ns) - len(self.prev)
+        if room > 0:
+            self.prev.extend(array("i", [-1]) * max(room, len(self.prev) // 4))
+        buckets, slots, positions = self._batch(context, first, end)
+        if not len(buckets):
+            return
+        order = np.argsort(buckets, kind="stable")  # each bucket's positions, oldest first
+        b, s, j = buckets[order], slots[order], positions[order]
+        starts = np.empty(len(b), bool)
+        starts[0] = True
+        np.not_equal(b[1:], b[:-1], out=starts[1:])
+        before = np.empty(len(b), np.intp)
+        before[1:] = j[:-1]
+        head = np.frombuffer(self.head, np.int32)
+        # The oldest new position of a bucket follows its old head, the others the new
+        # position before them. prev is written before head, so that a reader on the prefetch
+        # worker never follows a link that is not there yet.
+        np.frombuffer(self.prev, np.int32)[s] = np.where(starts, head[b], before)
+        ends = np.empty(len(b), bool)
+        ends[-1] = True
+        ends[:-1] = starts[1:]
+        head[b[ends]] = j[ends]
+
+    def unlink(self, context: bytearray, first: int, end: int) -> None:
+        """Remove positions first..end-1 (the newest ones): each bucket's head goes back to
+        what preceded its oldest removed position."""
+        buckets, slots, _ = self._batch(context, first, end)
+        if not len(buckets):
+            return
+        order = np.argsort(buckets, kind="stable")
+        b = buckets[order]
+        starts = np.empty(len(b), bool)
+        starts[0] = True
+        np.not_equal(b[1:], b[:-1], out=starts[1:])
+        prev = np.frombuffer(self.prev, np.int32)
+        np.frombuffer(self.head, np.int32)[b[starts]] = prev[slots[order][starts]]
+
+    def find(self, c: int, key: bytes | bytearray, context: bytearray) -> int | None:
+        """The latest linked position right after ``key``, an n-gram of the c-th n."""
+        prev, w, ns = self.prev, len(key), len(self.ns)
+        j = self.head[c * self.size + (_key_hash(key) >> self.shift)]
         while j >= 0:
             if context[4 * j - w : 4 * j] == key:
                 return j
-            j = prev[j]
+            j = prev[j * ns + c]
         return None
 
 
-def _take(context: bytearray, start: int, end: int | None = None) -> bytes:
-    """``bytes(context[start:end])`` with one copy instead of two (a bytearray slice copies)."""
-    with memoryview(context) as view:
-        return bytes(view[start:end])
+def _rfind_aligned(text: bytes | bytearray, key: bytes | bytearray, end: int) -> int:
+    """The highest token-aligned offset of ``key`` in ``text[:end]``, or -1."""
+    at = text.rfind(key, 0, end)
+    while at > 0 and at & 3:
+        at = text.rfind(key, 0, at + len(key) - 1)
+    return at
 
 
 class LookupState(ContextState):
-    def __init__(self, min_n: int, max_n: int) -> None:
+    def __init__(self, min_n: int, max_n: int, lag: int = LAG) -> None:
         super().__init__()
-        self.max_n = max_n
-        self._chains = [_Chains(n) for n in range(min_n, max_n + 1)]
-
-    @property
-    def index(self) -> tuple[tuple[array, array], ...]:
-        """Per n (min_n first): the chains' head table and the position links."""
-        return tuple((c.head, c.prev) for c in self._chains)
+        self.ns = tuple(range(min_n, max_n + 1))
+        self.lag = lag
+        self._chains = _Chains(self.ns)
+        self._linked = 0
+        """Positions 0..linked-1 are in the chains (for each n, those at or after n)."""
 
     @property
     def indexed(self) -> int:
-        """Positions indexed, over all n."""
-        return sum(len(c.prev) - c.n for c in self._chains)
+        """Positions in the chains; the newest ``length - indexed`` (fewer than ``lag``) are
+        searched directly."""
+        return self._linked
 
-    def _entries(self, window: bytes, base: int, start: int, end: int) -> list[Entries]:
-        """Per n, the entries (j, the n-gram before j) for positions start..end-1 (those with
-        j >= n); ``window`` holds the tokens from position ``base`` on."""
-        out = []
-        for c in self._chains:
-            first = max(start, c.n)
-            w = c.width
-            out.append(
-                [(j, window[4 * (j - base) - w : 4 * (j - base)]) for j in range(first, end)]
-            )
-        return out
+    @property
+    def index(self) -> tuple[list[int], list[int]]:
+        """The chains' head table and the links of the positions in them."""
+        c = self._chains
+        return c.head.tolist(), c.prev[: self._linked * len(self.ns)].tolist()
 
-    def _extended(self, start: int, prepared: object = None) -> None:
-        end = len(self.context) >> 2
-        if prepared is None:
-            base = max(0, start - self.max_n)
-            prepared = self._entries(_take(self.context, 4 * base), base, start, end)
-        for chains, entries in zip(self._chains, prepared, strict=True):  # type: ignore[call-overload]
-            chains.add(entries, self.context)
+    def _extended(self, start: int) -> None:
+        length = len(self.context) >> 2
+        if length - self._linked >= self.lag:
+            self._chains.link(self.context, self._linked, length)
+            self._linked = length
 
-    def _truncated(self, length: int) -> None:
-        self._chains = [_Chains(c.n) for c in self._chains]
-        self._extended(0)
+    def _truncating(self, length: int) -> None:
+        """Unlink positions length..linked-1, whose n-grams the context still holds."""
+        if length < self._linked:
+            self._chains.unlink(self.context, length, self._linked)
+            self._linked = length
 
     def propose(self, k: int, branch: bytes = b"") -> Proposal:
-        ctx = self.context
+        ctx, chains = self.context, self._chains
         n_ctx = len(ctx) >> 2
-        base = max(0, n_ctx - self.max_n)
-        tail = _take(ctx, 4 * base) + branch
-        # Drafting ahead on a branch also prepares the index entries that committing exactly
-        # that branch adds, so that a prefetch hit commits without recomputing them.
-        prepared = self._entries(tail, base, n_ctx, n_ctx + (len(branch) >> 2)) if branch else None
-        branch_entries = prepared or [[] for _ in self._chains]
-        for i in reversed(range(len(self._chains))):
-            c = self._chains[i]
-            if len(tail) < c.width:
+        linked = min(self._linked, n_ctx)  # the worker may read while a rollback runs
+        base = max(0, linked - self.ns[-1])
+        # Runs on the prefetch worker too: slices, never a view of the context, whose next
+        # append would fail while a view is held.
+        recent = ctx[4 * base : 4 * n_ctx] + branch
+        end = len(recent) - 4  # an n-gram followed by a token of context + branch
+        for c in reversed(range(len(self.ns))):
+            n = self.ns[c]
+            if len(recent) < 4 * n:
                 continue
-            key = tail[len(tail) - c.width :]
-            # the latest occurrence may lie in the branch itself, as it would once committed
-            j = next((p for p, gram in reversed(branch_entries[i]) if gram == key), None)
-            j = c.find(key, ctx) if j is None else j
-            if j is not None:
+            key = recent[-4 * n :]
+            at = _rfind_aligned(recent, key, end)
+            if at >= 0:
+                j = base + (at >> 2) + n
+                break
+            found = chains.find(c, key, ctx) if linked > n else None
+            if found is not None:
+                j = found
                 break
         else:
-            return Proposal(b"", None, prepared)
+            return Proposal(b"")
         need = 4 * k
         if j + k <= n_ctx:
-            return Proposal(_take(ctx, 4 * j, 4 * j + need), None, prepared)
-        src = _take(ctx, 4 * j) + branch if j <= n_ctx else branch[4 * (j - n_ctx) :]
-        return Proposal((src * (need // len(src) + 1))[:need], None, prepared)
+            return Proposal(bytes(ctx[4 * j : 4 * j + need]))
+        src = recent[4 * (j - base) :] if j >= base else ctx[4 * j : 4 * n_ctx] + branch
+        return Proposal(bytes((src * (need // len(src) + 1))[:need]))
 
 
 class LookupEngine(DraftEngine):

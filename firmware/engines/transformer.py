@@ -197,7 +197,7 @@ class TransformerState(EngineState):
     def length(self) -> int:
         return self.evicted + (len(self.tokens) >> 2)
 
-    def extend(self, tokens: bytes, prepared: object = None) -> None:
+    def extend(self, tokens: bytes) -> None:
         with self.engine.lock:
             self.tokens += tokens
 

@@ -176,10 +176,10 @@ class ExplodingEngine(DraftEngine):
         self, capacity: int, sampling: Sampling, long_context: bool = False
     ) -> ContextState:
         class State(ContextState):
-            def _extended(self, start: int, prepared: object = None) -> None:
+            def _extended(self, start: int) -> None:
                 pass
 
-            def _truncated(self, length: int) -> None:
+            def _truncating(self, length: int) -> None:
                 pass
 
             def propose(self, k: int, branch: bytes = b"") -> Proposal:

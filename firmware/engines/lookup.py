@@ -9,7 +9,7 @@ context + draft.
 Where it looks, so that a round costs the same whatever the context length:
 - **The recent text** (at most ``LAG`` tokens, plus a branch being drafted ahead on) is searched
   directly, with ``bytes.rfind`` on the u32 wire bytes: one C scan, no per-token Python work.
-  A round's commit is a bytearray append and nothing else.
+  A round's commit is a bytearray append.
 - **The older text** is indexed as hash chains over positions (as zlib's matcher does): per n,
   ``head[bucket(n-gram)]`` is the latest position after an n-gram of that bucket and
   ``prev[j]`` the one before position j in the same chain; a lookup walks the chain, comparing
@@ -19,8 +19,8 @@ Where it looks, so that a round costs the same whatever the context length:
 
 That is one int32 per position and n, plus a head table of 1 to 2 entries a position: 30 to
 45 bytes a token for n = 2..4, the context included (a dictionary of n-gram keys took about
-460). A rollback unlinks
-the positions it removes (O(tokens removed)), restoring the chains exactly.
+460). A rollback unlinks the positions it removes (O(tokens removed)), restoring the chains
+exactly.
 """
 
 from __future__ import annotations

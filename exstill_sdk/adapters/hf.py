@@ -38,6 +38,7 @@ class HFTarget(TargetAdapter):
 
         self.model = model.eval()
         self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         eos = getattr(model.generation_config, "eos_token_id", None)
         self.eos_token_ids = tuple(
             eos if isinstance(eos, list) else [eos] if eos is not None else []

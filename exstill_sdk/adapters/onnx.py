@@ -38,6 +38,7 @@ class OnnxTarget(TargetAdapter):
         self.eos_token_ids = tuple(self.image.tokenizer.special_ids.get("eos", ()))
         self.tokenizer = self.image.tokenizer
         self.positions = positions
+        self.max_positions = positions
         self.threads = threads
         self.max_batch = max_sequences
         self._slots: SlotRunner | None = None

@@ -31,6 +31,10 @@ class TargetAdapter(ABC):
     """How many sequences the target can hold at once; sequences the card has no stream for
     then run with the target alone (K = 0) until one frees. 0: unknown, so they wait for a
     stream instead."""
+    max_positions: int = 0
+    """The longest sequence the target holds (a model's ``max_position_embeddings``, an
+    engine's cache); the decoder refuses a request that would pass it, whatever the card's slot.
+    0: unknown."""
     tokenizer: TokenizerFingerprint | None = None
     """The target's tokenizer identity; a card stream on an image made for another tokenizer
     is refused. None skips the hash check (the vocabulary size is still compared)."""

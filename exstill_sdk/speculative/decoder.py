@@ -256,6 +256,12 @@ class SpeculativeDecoder:
         for p in prompts:
             if not p:
                 raise InvalidArgumentError("a prompt needs at least one token")
+            limit = self.target.max_positions
+            if limit and len(p) + max_new_tokens > limit:
+                raise InvalidArgumentError(
+                    f"prompt of {len(p)} tokens + {max_new_tokens} new ones exceed the "
+                    f"target's {limit} positions (its max_position_embeddings); shorten them"
+                )
             capacity = self.card.info().context
             if not self.long_context and len(p) + max_new_tokens > capacity:
                 remedy = (

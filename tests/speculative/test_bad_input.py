@@ -89,7 +89,7 @@ def test_bad_logits_stop_before_any_unverified_token(tiny: Path, fault: str) -> 
 
 
 def test_prompt_longer_than_the_context(tiny: Path) -> None:
-    target = OnnxTarget(tiny / "tiny.img", positions=64)
+    target = OnnxTarget(tiny / "tiny.img", positions=128)  # the card's slot binds
     with open_card(f"emu://?image={tiny / 'tiny.img'}&context=64") as card:
         decoder = SpeculativeDecoder(card, target, draft="tiny")
         with pytest.raises(ContextFullError, match="64-token slot") as refused:
@@ -102,6 +102,26 @@ def test_prompt_longer_than_the_context(tiny: Path) -> None:
         lookup = SpeculativeDecoder(card, target, engine="lookup")
         with pytest.raises(ContextFullError, match="built-in engines have no long-context mode"):
             lookup.generate(list(range(1, 30)) * 2, 10)
+
+
+def test_a_slot_longer_than_the_target_holds(tiny: Path) -> None:
+    """A 2048-token slot for a model of 48 positions (a 16K slot for an 8K model, small): the
+    target's max_position_embeddings bounds a request, not the card's slot."""
+    transformers = pytest.importorskip("transformers")
+    from exstill_sdk.adapters.hf import HFTarget
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tiny / "tiny.ckpt", max_position_embeddings=48
+    )
+    target = HFTarget(model)
+    assert target.max_positions == 48
+    prompt = list(range(1, 31)) + list(range(1, 11))
+    with open_card(f"emu://?image={tiny / 'tiny.img'}&context=2048") as card:
+        decoder = SpeculativeDecoder(card, target, draft="tiny")
+        with pytest.raises(InvalidArgumentError, match="exceed the target's 48 positions"):
+            decoder.generate(prompt, 9)
+        assert card.stats()["streams_opened"] == 0  # refused before any work
+        assert len(decoder.generate(prompt, 8, stop_token_ids=[]).tokens) == 8
 
 
 def test_card_disappearing_mid_round(tiny: Path) -> None:

@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(result: object) -> str:
+    """The figures under the text, each line saying what it is."""
     from exstill_sdk.demo import DemoResult
 
     assert isinstance(result, DemoResult)
@@ -95,7 +96,7 @@ def _report(result: object) -> str:
         return f"{s.median:.1f}{unit} (range {s.low:.1f}-{s.high:.1f})"
 
     return (
-        f"\n\ntarget        {t.image.target}: {t.description}\n"
+        f"target        {t.image.target}: {t.description}\n"
         f"card          {result.placement}\n"
         f"speculative   {spread(run.spec_tokens_per_s, ' tokens/s')}\n"
         f"target alone  {spread(run.plain_tokens_per_s, ' tokens/s')}   "
@@ -104,31 +105,56 @@ def _report(result: object) -> str:
         f"{run.speedup.high:.2f})\n"
         f"identical output: {'yes' if result.identical else 'NO'} "
         f"({len(run.tokens)} tokens, every run)\n"
-        f"verify cost   scoring 1..{MAX_K + 1} tokens costs {steps} plain steps\n"
-        f"pair's limit  {run.limit:.2f}x at K={run.limit_k} (mean acceptance length at K over "
-        f"the cost of scoring K+1 tokens)\n"
-        f"efficiency    {run.efficiency:.2f} (speed-up / limit)\n"
-        f"mean acceptance length {m.mean_acceptance_length:.2f} over {m.rounds} rounds\n"
-        f"acceptance by position {per_pos}\n"
-        f"prefetch hits {m.prefetch_hits} of {m.rounds}\n"
+        "\nwhat bounds it\n"
+        f"verify cost   {steps} plain steps to score 1..{MAX_K + 1} tokens in one pass\n"
+        f"pair's limit  {run.limit:.2f}x at K={run.limit_k}, what a free, instant draft with "
+        "this acceptance would give\n"
+        f"efficiency    {run.efficiency:.2f} of that limit (the rest: card time not hidden, the "
+        "host's loop)\n"
+        + "".join(f"warning       {w}\n" for w in run.warnings)
+        + f"mean acceptance length {m.mean_acceptance_length:.2f} tokens kept a verification "
+        f"pass, {m.rounds} rounds\n"
+        f"acceptance by position {per_pos} (drafts whose i-th token was kept)\n"
+        f"prefetch hits {m.prefetch_hits} of {m.rounds} rounds: next draft made while the "
+        "target verified\n"
         f"K chosen      {chosen}"
     )
+
+
+class _DemoScreen:
+    """The demo's terminal: the continuation on stdout as it comes, and what is under way on
+    stderr (one line a stage, after the text once it has ended)."""
+
+    def __init__(self, prompt: str, stages: bool) -> None:
+        self.prompt = prompt
+        self.stages = stages
+        self.streaming = False
+        self.streamed = False
+
+    def text(self, piece: str) -> None:
+        if not self.streaming and not self.streamed:  # the prompt once the text begins
+            sys.stdout.write(self.prompt.rstrip("\n") + SEPARATOR)
+            self.streaming = True
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    def end_text(self) -> None:
+        if self.streaming:
+            sys.stdout.write("\n\n")
+            sys.stdout.flush()
+            self.streaming, self.streamed = False, True
+
+    def stage(self, message: str) -> None:
+        self.end_text()
+        if self.stages:
+            print(f"exstill demo: {message}", file=sys.stderr, flush=True)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from exstill_sdk.demo import DEFAULT_PROMPT, run_demo
 
     prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
-    started = False
-
-    def show(text: str) -> None:
-        nonlocal started
-        if not started:  # the prompt once the card and the target are ready
-            sys.stdout.write(prompt.rstrip("\n") + SEPARATOR)
-            started = True
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
+    screen = _DemoScreen(prompt, stages=not args.json or sys.stderr.isatty())
     try:
         result = run_demo(
             prompt,
@@ -137,13 +163,12 @@ def _demo(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             k=args.k,
             runs=args.runs,
-            on_text=None if args.json else show,
-            progress=not args.json and sys.stderr.isatty(),
+            on_text=None if args.json else screen.text,
+            progress=sys.stderr.isatty(),
+            on_stage=screen.stage,
         )
-    except KeyboardInterrupt:
-        if started:
-            print(flush=True)  # end the streamed text before the one-line notice
-        raise
+    finally:
+        screen.end_text()  # the streamed text ends before any notice or the figures
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

@@ -23,7 +23,10 @@ from exstill_sdk.harness.card_process import emulator_process, pinned, split_cor
 from exstill_sdk.harness.speedup import SpeedupRun, measure_speedup
 from exstill_sdk.protocol.constants import Features
 
-DEFAULT_PROMPT = 'def read_config(path):\n    """Read a configuration file and return a dict."""\n'
+DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
+"""A prompt after which the demo target writes varied text: after others (``def
+read_config(path):``, for one) a 4.2M model soon repeats one line, which any draft keeps whole
+and which would make the speed-up that of a copying machine."""
 MAX_K = 8
 DEFAULT_RUNS = {"large": 3, "small": 21}
 
@@ -82,12 +85,14 @@ def run_demo(
     runs: int | None = None,
     on_text: Callable[[str], None] | None = None,
     progress: bool = False,
+    on_stage: Callable[[str], None] | None = None,
 ) -> DemoResult:
     """Generate ``max_new_tokens`` greedily with the target alone and speculatively, ``runs``
     times each, alternating (default: 3 for the large target, 21 for the small one, whose runs
     last a tenth of a second each, too short for three to give a steady median on a shared
     machine). ``on_text`` receives the continuation as the target accepts it, in a first
-    (untimed) speculative run."""
+    (untimed) speculative run; ``on_stage`` hears what is under way as it starts (the first
+    use of the large target builds it: ``progress`` shows a bar then)."""
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.card import open_card
     from exstill_sdk.speculative import SpeculativeDecoder
@@ -103,13 +108,16 @@ def run_demo(
     if budget < 1:
         raise ExstillError(f"the prompt leaves no room in the demo's {POSITIONS} positions")
     host_cpu, card_cpu = split_cores()
+    stage = on_stage or (lambda _: None)
     with ExitStack() as stack:
         if url is not None:  # the user's card first: a wrong URL fails before any work
+            stage(f"opening the card at {url}")
             card = stack.enter_context(open_card(url))
             placement = "card at " + url
-            chosen = demo_target(target, progress=progress)
+            chosen = demo_target(target, progress=progress, on_stage=on_stage)
         else:
-            chosen = demo_target(target, progress=progress)
+            chosen = demo_target(target, progress=progress, on_stage=on_stage)
+            stage("starting the emulated card in a process of its own")
             card_url = stack.enter_context(emulator_process(*emulator_args(), cpu=card_cpu))
             card = stack.enter_context(open_card(card_url))
             placement = "emulated card in its own process" + (
@@ -118,6 +126,7 @@ def run_demo(
         if DRAFT_TARGET not in {t.name for t in card.info().targets}:
             raise UnknownModelError(missing_draft_advice(url, card.info().features))
         stack.enter_context(pinned(host_cpu))
+        stage(f"loading the target ({chosen.image.target}) into onnxruntime")
         model = OnnxTarget(chosen.image, max_sequences=1, positions=POSITIONS, threads=THREADS)
 
         decoder = SpeculativeDecoder(card, model, draft=DRAFT_TARGET, k=k, max_k=MAX_K)
@@ -133,7 +142,9 @@ def run_demo(
                 on_text(text[len(shown) :])
                 shown = text
 
-        run = measure_speedup(model, decoder, [prompt_ids], budget, runs=runs, on_token=show)
+        run = measure_speedup(
+            model, decoder, [prompt_ids], budget, runs=runs, on_token=show, on_stage=on_stage
+        )
     return DemoResult(
         prompt=prompt,
         text=tokenizer.decode(run.tokens),

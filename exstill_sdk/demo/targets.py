@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,19 +65,26 @@ def _build(source: Path, path: Path, name: str, hidden: int, progress: bool) -> 
         expand_image(image, path, widths, target=name, progress=bar.update)
 
 
-def expanded_target(hidden: int, *, progress: bool = False) -> DemoTarget:
-    """The small target expanded to ``hidden``, from the cache (built there if missing)."""
+def expanded_target(
+    hidden: int, *, progress: bool = False, on_stage: Callable[[str], None] | None = None
+) -> DemoTarget:
+    """The small target expanded to ``hidden``, from the cache (built there if missing);
+    ``on_stage`` hears of the build and of the check of a cached image before they start."""
     source = demo_dir() / "target.img"
     small = open_image(source)
     name = "demo-target-large" if hidden == LARGE_HIDDEN else f"demo-target-w{hidden}"
     path = cache_dir() / f"{name}-{small.content_sha256.hex()[:12]}-r{EXPANSION_REVISION}.img"
     image = None
+    stage = on_stage or (lambda _: None)
+    size = 4 * parameter_count(expanded_config(small.arch, Widths.scaled(small.arch, hidden)))
     if path.exists():
+        stage(f"checking {path.name} ({size / 1e6:.0f} MB, built on first use)")
         try:
             image = open_image(path, verify=True)
         except ImageError:  # a damaged cache entry: build it again
             path.unlink()
     if image is None:
+        stage(f"building {path} once: {size / 1e6:.0f} MB to write")
         _build(source, path, name, hidden, progress)
         image = open_image(path, verify=True)
     config = expanded_config(small.arch, Widths.scaled(small.arch, hidden))
@@ -91,10 +99,12 @@ def expanded_target(hidden: int, *, progress: bool = False) -> DemoTarget:
     )
 
 
-def demo_target(name: str, *, progress: bool = False) -> DemoTarget:
+def demo_target(
+    name: str, *, progress: bool = False, on_stage: Callable[[str], None] | None = None
+) -> DemoTarget:
     """``small`` (the trained target as shipped) or ``large`` (see the module docstring)."""
     if name == "large":
-        return expanded_target(LARGE_HIDDEN, progress=progress)
+        return expanded_target(LARGE_HIDDEN, progress=progress, on_stage=on_stage)
     if name == "small":
         image = open_image(demo_dir() / "target.img", verify=True)
         params = parameter_count(image.arch)

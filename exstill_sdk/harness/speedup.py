@@ -8,11 +8,15 @@ the pair allows on this machine.
   *limit* is the best over K of (mean acceptance length at K) / (cost of scoring K+1 tokens in
   plain steps): the speed-up a free draft with the measured acceptance would give. Efficiency
   is the measured speed-up over that limit.
+- Figures that cannot be true are measured again or flagged (``SpeedupRun.warnings``): scoring
+  several tokens timed as cheaper than one plain step (``curve_doubt``), which is then timed
+  again up to ``CURVE_ATTEMPTS`` times, and a speed-up above the pair's limit.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +24,13 @@ from typing import Any
 from exstill_sdk.harness.passes import pass_seconds
 from exstill_sdk.harness.timing import timed
 from exstill_sdk.speculative.metrics import SpecMetrics
+
+CHEAPEST_PASS = 0.8
+"""Scoring n > 1 tokens costs at least this many plain steps: a pass reads every weight a plain
+step reads. A verify curve below it was timed through the machine's noise."""
+MOST_EFFICIENT = 1.05
+"""A speed-up above the pair's limit by more than this factor means the limit is wrong."""
+CURVE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -47,8 +58,34 @@ def verify_curve(
     ``repeats`` turns over the sizes): what a round of K drafted tokens costs the target
     (n = K + 1) against one plain step (n = 1). Speculation pays when this grows slowly
     with n."""
-    samples = pass_seconds(target, [context], [n - 1 for n in sizes], turns=repeats)
+    samples = pass_seconds(target, [context], [n - 1 for n in sizes], turns=repeats, warmup=1)
     return {str(k + 1): round(statistics.median(v) * 1e6, 1) for k, v in samples.items()}
+
+
+def curve_doubt(verify_us: dict[str, float]) -> str | None:
+    """Why a verify curve cannot be true, or None: scoring n > 1 tokens timed cheaper than
+    ``CHEAPEST_PASS`` plain steps."""
+    step = verify_us["1"]
+    cheap = [(n, us / step) for n, us in verify_us.items() if us < CHEAPEST_PASS * step]
+    if not cheap:
+        return None
+    listed = ", ".join(f"{n} tokens {cost:.2f}" for n, cost in cheap)
+    return (
+        f"scoring several tokens timed cheaper than one plain step ({listed} steps): the "
+        "machine was busy while the verify cost was timed, so the pair's limit and the "
+        "efficiency are not to be trusted; run again when it is quiet"
+    )
+
+
+def limit_doubt(speedup: float, limit: float) -> str | None:
+    """Why a speed-up above the pair's limit cannot be true, or None."""
+    if speedup <= limit * MOST_EFFICIENT:
+        return None
+    return (
+        f"the speed-up {speedup:.2f}x is above the pair's limit {limit:.2f}x, which no draft "
+        "can pass: the verify cost was timed too high (a busy machine); run again when it is "
+        "quiet"
+    )
 
 
 def pair_limit(metrics: SpecMetrics, verify_us: dict[str, float]) -> tuple[float, int]:
@@ -78,6 +115,8 @@ class SpeedupRun:
     verify_us: dict[str, float]
     limit: float
     limit_k: int
+    warnings: tuple[str, ...] = ()
+    """Figures that cannot be true, measured again and still so (module docstring)."""
 
     @property
     def efficiency(self) -> float:
@@ -119,6 +158,7 @@ class SpeedupRun:
             "limit": round(self.limit, 2),
             "limit_k": self.limit_k,
             "efficiency": round(self.efficiency, 3),
+            "warnings": list(self.warnings),
         }
 
 
@@ -130,6 +170,7 @@ def measure_speedup(
     *,
     runs: int = 3,
     on_token: Callable[[list[int]], None] | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> SpeedupRun:
     """Plain greedy decoding (``target.greedy``) against ``decoder``'s speculative decoding of
     ``new_tokens`` after each of ``prompts`` (a run decodes them all, one after the other),
@@ -138,15 +179,25 @@ def measure_speedup(
     A first speculative run of the first prompt warms the whole path (and, with ``on_token``,
     shows its tokens as the target accepts them); it is not timed. The decoder is one object
     throughout, as in a server: what its adaptive K learns of the target's and the card's
-    costs carries over."""
+    costs carries over. ``on_stage`` hears what is under way, as it starts."""
+    stage = on_stage or (lambda _: None)
     first = prompts[0]
+    stage("warming up: every verify shape once, then a first speculative run")
     warm = [*first, *target.greedy(first, 8)]
-    verify_curve(target, warm, range(1, decoder.max_k + 2), repeats=1)  # every shape once
+    step_s = verify_curve(target, warm, range(1, decoder.max_k + 2), repeats=1)["1"] / 1e6
     shown: list[int] = []
+    started = time.perf_counter()
     for token in decoder.stream(first, new_tokens, stop_token_ids=[]):
         shown.append(token)
         if on_token is not None:
             on_token(shown)
+    spec_estimate = (time.perf_counter() - started) * len(prompts)
+    plain_estimate = step_s * new_tokens * len(prompts)
+    estimate = runs * (spec_estimate + plain_estimate)
+    stage(
+        f"timing: {runs} run{'s' * (runs != 1)} of each way, alternating, about "
+        f"{estimate:.{estimate < 10:d}f} s"
+    )
     plain_s: list[float] = []
     spec_s: list[float] = []
     metrics = SpecMetrics(max_k=decoder.max_k)
@@ -175,18 +226,28 @@ def measure_speedup(
     reference = outputs[0]
     identical = all(out == reference for out in outputs) and shown == reference[0]
     context = [*first, *reference[0][: new_tokens // 2]]
+    stage(f"timing the verify cost: the target scoring 1..{metrics.max_k + 1} tokens in a pass")
     verify_us = verify_curve(target, context, range(1, metrics.max_k + 2))
+    curve = curve_doubt(verify_us)
+    for _ in range(CURVE_ATTEMPTS - 1):
+        if curve is None:
+            break
+        verify_us = verify_curve(target, context, range(1, metrics.max_k + 2))
+        curve = curve_doubt(verify_us)
     limit, limit_k = pair_limit(metrics, verify_us)
     produced = new_tokens * len(prompts)
+    speedup = Spread.of([p / s for p, s in zip(plain_s, spec_s, strict=True)])
+    doubts = (curve, limit_doubt(speedup.median, limit))
     return SpeedupRun(
         tokens=shown,
         runs=runs,
         plain_tokens_per_s=Spread.of([produced / s for s in plain_s]),
         spec_tokens_per_s=Spread.of([produced / s for s in spec_s]),
-        speedup=Spread.of([p / s for p, s in zip(plain_s, spec_s, strict=True)]),
+        speedup=speedup,
         identical=identical,
         metrics=metrics,
         verify_us=verify_us,
         limit=limit,
         limit_k=limit_k,
+        warnings=tuple(d for d in doubts if d is not None),
     )

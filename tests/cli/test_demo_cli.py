@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 from exstill_sdk.cli.main import SEPARATOR
 from exstill_sdk.demo import DEFAULT_PROMPT, demo_dir, demo_tokenizer
+from exstill_sdk.harness.speedup import curve_doubt, limit_doubt
 
 from .helpers import script, start_emu
 
@@ -36,6 +38,12 @@ def test_the_large_target_by_default_with_what_bounds_the_figure(demo_cache: Pat
     assert steps["1"] == 1.0 and set(steps) == {str(n) for n in range(1, 10)}
     assert result["limit"] >= 1.0 and 0 <= result["limit_k"] <= 8
     assert abs(result["efficiency"] - result["speedup"]["median"] / result["limit"]) < 0.01
+    # what cannot be true is said, and only that
+    flagged = [
+        curve_doubt(result["verify_us"]),
+        limit_doubt(result["speedup"]["median"], result["limit"]),
+    ]
+    assert result["warnings"] == [w for w in flagged if w is not None]
     speedup = result["speedup"]
     assert speedup["min"] <= speedup["median"] <= speedup["max"]
     assert result["mean_acceptance_length"] > 1.5  # the draft was distilled from this target
@@ -52,6 +60,30 @@ def test_text_mode_shows_prompt_separator_continuation_then_figures() -> None:
         assert f"\n{label}" in out.stdout, label
     chosen = out.stdout.splitlines()[-1]  # the last round may be shortened by the budget
     assert chosen.startswith("K chosen") and "K=4:" in chosen and "K=5" not in chosen
+
+
+def test_the_demo_says_what_is_under_way_and_its_text_does_not_dwell_on_one_line() -> None:
+    """Each stage is named on stderr as it starts, the timing with how long it will take; the
+    default prompt's continuation is varied text, not one line repeated (a 4.2M target soon
+    writes `return _get_path(path, path, path, ...` after some prompts)."""
+    out = demo("--target", "small", "--max-new-tokens", "200", "--runs", "1")
+    assert out.returncode == 0, out.stderr
+    stages = [line.removeprefix("exstill demo: ") for line in out.stderr.splitlines()]
+    expected = (
+        "starting the emulated card",
+        "loading the target (demo-target)",
+        "warming up",
+        "timing: 1 run of each way, alternating, about ",
+        "timing the verify cost",
+    )
+    assert len(stages) == len(expected), out.stderr
+    assert all(stage.startswith(e) for stage, e in zip(stages, expected, strict=True)), stages
+    text = out.stdout.split(SEPARATOR, 1)[1].split("\n\ntarget ", 1)[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    assert len(lines) >= 10 and max(Counter(lines).values()) <= len(lines) // 4
+    for line in lines:  # no line is one word said over and over
+        words = line.replace(",", " ").split()
+        assert max(Counter(words).values()) <= 6, line
 
 
 def test_k_zero_is_the_target_alone_through_the_same_loop() -> None:

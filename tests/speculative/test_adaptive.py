@@ -156,3 +156,17 @@ def test_the_pairs_limit_is_the_best_k_over_its_verify_cost() -> None:
     # K=1: 2/1.1 = 1.82; K=2: 2.67/1.2 = 2.22; K=3: 3.17/2.0 = 1.58
     assert pair_limit(m, verify) == (pytest.approx((1 + 1 + 2 / 3) / 1.2), 2)
     assert pair_limit(SpecMetrics(max_k=3), verify) == (1.0, 0)  # nothing drafted: no gain
+
+
+def test_figures_that_cannot_be_true_are_named() -> None:
+    """The verify cost one loaded run printed (1.00 0.22 0.18 1.44 0.21 ...: nine tokens scored
+    in a fifth of a plain step), and a speed-up above the pair's limit (efficiency 1.079)."""
+    from exstill_sdk.harness.speedup import curve_doubt, limit_doubt
+
+    loaded = {"1": 1000.0, "2": 220.0, "3": 180.0, "4": 1440.0, "5": 210.0}
+    doubt = curve_doubt(loaded)
+    assert doubt is not None and "2 tokens 0.22, 3 tokens 0.18, 5 tokens 0.21" in doubt
+    assert curve_doubt({"1": 1000.0, "2": 950.0, "3": 1200.0}) is None  # noise, not impossible
+    said = limit_doubt(2.16, 2.0)
+    assert said is not None and "above the pair's limit 2.00x" in said
+    assert limit_doubt(2.05, 2.0) is None

@@ -122,16 +122,19 @@ def _report(result: object) -> str:
 
 
 class _DemoScreen:
-    """The demo's terminal: the continuation on stdout as it comes, and what is under way on
-    stderr (one line a stage, after the text once it has ended)."""
+    """The demo's terminal: the continuation on stdout as it comes, and, when stderr is a
+    terminal, one status line saying what is under way, replaced by the next stage and erased
+    before anything else is written (so that an error is still the one line it is)."""
 
     def __init__(self, prompt: str, stages: bool) -> None:
         self.prompt = prompt
         self.stages = stages
         self.streaming = False
         self.streamed = False
+        self.status = False
 
     def text(self, piece: str) -> None:
+        self.clear()
         if not self.streaming and not self.streamed:  # the prompt once the text begins
             sys.stdout.write(self.prompt.rstrip("\n") + SEPARATOR)
             self.streaming = True
@@ -147,14 +150,22 @@ class _DemoScreen:
     def stage(self, message: str) -> None:
         self.end_text()
         if self.stages:
-            print(f"exstill demo: {message}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"\r\033[Kexstill demo: {message}")
+            sys.stderr.flush()
+            self.status = True
+
+    def clear(self) -> None:
+        if self.status:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self.status = False
 
 
 def _demo(args: argparse.Namespace) -> int:
     from exstill_sdk.demo import DEFAULT_PROMPT, run_demo
 
     prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
-    screen = _DemoScreen(prompt, stages=not args.json or sys.stderr.isatty())
+    screen = _DemoScreen(prompt, stages=sys.stderr.isatty())
     try:
         result = run_demo(
             prompt,
@@ -167,8 +178,9 @@ def _demo(args: argparse.Namespace) -> int:
             progress=sys.stderr.isatty(),
             on_stage=screen.stage,
         )
-    finally:
-        screen.end_text()  # the streamed text ends before any notice or the figures
+    finally:  # the streamed text ends and the status goes before any notice or the figures
+        screen.end_text()
+        screen.clear()
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

@@ -63,12 +63,36 @@ def test_text_mode_shows_prompt_separator_continuation_then_figures() -> None:
 
 
 def test_the_demo_says_what_is_under_way_and_its_text_does_not_dwell_on_one_line() -> None:
-    """Each stage is named on stderr as it starts, the timing with how long it will take; the
-    default prompt's continuation is varied text, not one line repeated (a 4.2M target soon
-    writes `return _get_path(path, path, path, ...` after some prompts)."""
-    out = demo("--target", "small", "--max-new-tokens", "200", "--runs", "1")
-    assert out.returncode == 0, out.stderr
-    stages = [line.removeprefix("exstill demo: ") for line in out.stderr.splitlines()]
+    """On a terminal, each stage is one status line as it starts (the timing with how long it
+    will take), erased before the text and the figures; the default prompt's continuation is
+    varied text, not one line repeated (a 4.2M target soon writes `return _get_path(path,
+    path, path, ...` after some prompts)."""
+    import os
+    import pty
+
+    primary, secondary = pty.openpty()  # stderr on a real pseudo-terminal
+    with os.fdopen(primary, "rb", buffering=0) as terminal:
+        command = [script("exstill"), "demo", "--target", "small", "--max-new-tokens", "200"]
+        proc = subprocess.Popen(
+            [*command, "--runs", "1"],
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            text=True,
+        )
+        os.close(secondary)
+        screen = b""
+        while True:
+            try:
+                chunk = terminal.read(4096)
+            except OSError:  # the pty's other end closed: the demo is done
+                break
+            if not chunk:
+                break
+            screen += chunk
+        stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, screen
+    erase = b"\r\x1b[K"
+    shown = [part.decode() for part in screen.split(erase) if part]
     expected = (
         "starting the emulated card",
         "loading the target (demo-target)",
@@ -76,14 +100,21 @@ def test_the_demo_says_what_is_under_way_and_its_text_does_not_dwell_on_one_line
         "timing: 1 run of each way, alternating, about ",
         "timing the verify cost",
     )
-    assert len(stages) == len(expected), out.stderr
+    stages = [line.removeprefix("exstill demo: ") for line in shown]
+    assert len(stages) == len(expected), shown
     assert all(stage.startswith(e) for stage, e in zip(stages, expected, strict=True)), stages
-    text = out.stdout.split(SEPARATOR, 1)[1].split("\n\ntarget ", 1)[0]
+    assert screen.endswith(erase)  # the last status is gone before the figures
+    text = stdout.split(SEPARATOR, 1)[1].split("\n\ntarget ", 1)[0]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     assert len(lines) >= 10 and max(Counter(lines).values()) <= len(lines) // 4
     for line in lines:  # no line is one word said over and over
         words = line.replace(",", " ").split()
         assert max(Counter(words).values()) <= 6, line
+
+
+def test_off_a_terminal_the_demo_says_nothing_but_its_text_and_figures() -> None:
+    out = demo("--target", "small", "--max-new-tokens", "16", "--runs", "1")
+    assert out.returncode == 0 and out.stderr == ""
 
 
 def test_k_zero_is_the_target_alone_through_the_same_loop() -> None:

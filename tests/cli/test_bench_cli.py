@@ -220,3 +220,30 @@ def test_profile_bench_hf_target() -> None:
     passes = target["pass"]
     ms = dict(zip(zip(passes["batch"], passes["tokens"], strict=True), passes["ms"], strict=True))
     assert ms[(2, 2)] > ms[(1, 1)] * 1.3  # no batching: each sequence its own forward call
+
+
+def test_trees_bench_sets_trees_beside_the_chain() -> None:
+    def trees(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [script("exstill-bench"), "trees", "--files", "1", "--rounds", "3", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    out = trees("--budgets", "2,6", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["files"] == 1 and result["rounds_per_file"] == 3
+    assert [row["budget"] for row in result["rows"]] == [2, 6]
+    one = result["rows"][0]
+    for row in result["rows"]:
+        kept = [row["chain_tokens_per_pass"]] + [t["tokens_per_pass"] for t in row["trees"]]
+        assert all(1 <= k <= row["budget"] for k in kept)  # a pass keeps 1..N tokens
+        assert row["best_tree"] == max(row["trees"], key=lambda t: t["tokens_per_pass"])
+    # one drafted token: every tree is the draft's top-1, the chain itself
+    assert all(t["tokens_per_pass"] == one["chain_tokens_per_pass"] for t in one["trees"])
+    text = trees("--budgets", "2,6")
+    assert text.returncode == 0 and text.stdout.splitlines()[1].split()[:2] == ["budget", "chain"]
+    refused = trees("--budgets", "1")
+    assert refused.returncode == 2 and "--budgets wants 2 or more" in refused.stderr

@@ -1,5 +1,5 @@
 """exstill-bench's decoding benchmarks: plain against speculative decoding (spec), the demo
-pair end to end, by target size and by users (e2e)."""
+pair end to end, by target size and by users (e2e), and token trees against chains (trees)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from exstill_sdk.bench.decode.sizes import DEFAULT_SIZES
+from exstill_sdk.bench.decode.trees import DEFAULT_BUDGETS
 from exstill_sdk.cli.support import Subcommands, UsageError, comma_numbers, require_plotting
 
 
@@ -63,6 +64,26 @@ def register(sub: Subcommands) -> None:
     e2e.add_argument("--plot", metavar="DIR", help="also write PNG plots into DIR (matplotlib)")
     e2e.add_argument("--json", action="store_true", help="print one JSON object")
     e2e.set_defaults(handler=_e2e)
+    trees = sub.add_parser(
+        "trees",
+        help="token trees against chains at equal verified tokens: tokens kept a pass, demo "
+        "pair, rounds in held-out text (nothing timed)",
+    )
+    trees.add_argument("--files", type=int, default=3, help="held-out files (default 3)")
+    trees.add_argument(
+        "--context-tokens", type=int, default=96, help="text before the first round (default 96)"
+    )
+    trees.add_argument(
+        "--rounds", type=int, default=32, help="rounds per file, one a position (default 32)"
+    )
+    trees.add_argument(
+        "--budgets",
+        default=",".join(str(b) for b in DEFAULT_BUDGETS),
+        help="positions a pass scores: N - 1 drafted tokens as a chain or a tree (default "
+        f"{','.join(str(b) for b in DEFAULT_BUDGETS)})",
+    )
+    trees.add_argument("--json", action="store_true", help="print one JSON object")
+    trees.set_defaults(handler=_trees)
 
 
 def _sizes(text: str) -> tuple[str, ...]:
@@ -114,3 +135,23 @@ def _e2e(args: argparse.Namespace) -> dict[str, Any]:
 
         result["plots"] = [str(p) for p in plot_e2e(result, args.plot)]
     return result
+
+
+def _trees(args: argparse.Namespace) -> dict[str, Any] | None:
+    from exstill_sdk.bench.decode import trees
+
+    budgets = comma_numbers("--budgets", args.budgets)
+    if min(budgets) < 2:
+        raise UsageError("--budgets wants 2 or more: a pass scores the drafted tokens and one more")
+    if min(args.files, args.context_tokens, args.rounds) < 1:
+        raise UsageError("--files, --context-tokens and --rounds want 1 or more")
+    result = trees.run(
+        files=args.files,
+        context_tokens=args.context_tokens,
+        rounds=args.rounds,
+        budgets=budgets,
+    )
+    if args.json:
+        return result
+    print(trees.table(result))
+    return None

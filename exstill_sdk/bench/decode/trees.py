@@ -1,0 +1,119 @@
+"""Token trees against chains at equal verified tokens, with the demo pair on held-out text.
+
+For each budget N (the positions one pass of the target scores: N - 1 drafted tokens and the
+token after the kept ones), rounds start at consecutive positions of held-out standard-library
+files, with the real text before them as the context: the draft makes a chain of N - 1 tokens
+(its top-1 at each step) or a tree of N - 1 nodes (``best_first_tree``, each node one of its
+parent's ``top_k`` likeliest children), and greedy verification keeps the longest path that the
+target's own greedy continuation from there agrees with (``greedy_path``). The figure is the
+mean of the tokens a pass keeps (the kept path and the target's next token); nothing is timed.
+
+Rounds start in real text, not in the target's own output, because a 4.2M target's greedy
+output soon repeats itself (``#`` lines, ``_T_T_T``), which any chain keeps whole; real text
+is what tells a draft's hesitations apart. The draft runs on the host here (the draft image in
+onnxruntime, one distribution per node), so that trees are measured before the card drafts
+them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from exstill_sdk.speculative.trees import best_first_tree, greedy_path
+
+DEFAULT_BUDGETS = (8, 16, 32, 64)
+TREES = ((2, 1.0), (4, 1.0), (2, 0.5), (4, 0.5))
+"""The trees tried, as (top_k, temperature): the draft's distribution is sharpened by the
+temperature before cumulative probabilities rank the nodes (a draft that is right more often
+than its top probability says spreads a tree too wide at 1.0)."""
+
+
+def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = np.exp((logits - logits.max()) / temperature)
+    return z / z.sum()
+
+
+def run(
+    *,
+    files: int = 3,
+    context_tokens: int = 96,
+    rounds: int = 32,
+    budgets: tuple[int, ...] = DEFAULT_BUDGETS,
+    trees: tuple[tuple[int, float], ...] = TREES,
+) -> dict[str, Any]:
+    """``rounds`` rounds in each of ``files`` held-out files, the first after
+    ``context_tokens`` tokens of it; each budget as a chain and as each of ``trees``."""
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.demo import POSITIONS, demo_dir, held_out_prompts
+
+    data = demo_dir()
+    texts = held_out_prompts(files, context_tokens + rounds)
+    target = OnnxTarget(data / "target.img", positions=POSITIONS, threads=1)
+    draft = OnnxTarget(data / "draft.img", positions=POSITIONS, threads=1)
+    shapes = ((1, 1.0), *trees)  # the chain: the top-1 child of each node
+    kept: dict[tuple[int, int, float], list[int]] = {
+        (b, k, t): [] for b in budgets for k, t in shapes
+    }
+    for text in texts:
+        for start in range(context_tokens, context_tokens + rounds):
+            context = text[:start]
+            reference = target.greedy(context, max(budgets))
+            for k, t in shapes:
+
+                def next_probs(
+                    path: list[int], context: list[int] = context, t: float = t
+                ) -> np.ndarray:
+                    return _softmax(draft.verify(0, context, path)[-1], t)
+
+                for budget in budgets:
+                    tree = best_first_tree(next_probs, budget - 1, k)
+                    kept[budget, k, t].append(len(greedy_path(tree, reference)) + 1)
+    rows = []
+    for budget in budgets:
+        chain = float(np.mean(kept[budget, 1, 1.0]))
+        tried = [
+            {
+                "top_k": k,
+                "temperature": t,
+                "tokens_per_pass": round(float(np.mean(kept[budget, k, t])), 3),
+            }
+            for k, t in trees
+        ]
+        best = max(tried, key=lambda row: row["tokens_per_pass"])
+        rows.append(
+            {
+                "budget": budget,
+                "drafted": budget - 1,
+                "chain_tokens_per_pass": round(chain, 3),
+                "trees": tried,
+                "best_tree": best,
+                "best_tree_over_chain": round(best["tokens_per_pass"] / chain, 3),
+            }
+        )
+    return {
+        "pair": "demo",
+        "files": len(texts),
+        "context_tokens": context_tokens,
+        "rounds_per_file": rounds,
+        "rows": rows,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """The result as a table: tokens kept a pass, by budget, for the chain and each tree."""
+    rows = result["rows"]
+    heads = [f"k{t['top_k']} T{t['temperature']:g}" for t in rows[0]["trees"]]
+    lines = [
+        f"tokens kept a pass: {result['files']} held-out files x {result['rounds_per_file']} "
+        "rounds, demo pair",
+        f"{'budget':>6}  {'chain':>6}  " + "  ".join(f"{h:>8}" for h in heads) + "  best/chain",
+    ]
+    for row in rows:
+        trees = "  ".join(f"{t['tokens_per_pass']:>8.2f}" for t in row["trees"])
+        lines.append(
+            f"{row['budget']:>6}  {row['chain_tokens_per_pass']:>6.2f}  {trees}  "
+            f"{row['best_tree_over_chain']:>9.2f}x"
+        )
+    return "\n".join(lines)

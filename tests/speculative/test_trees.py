@@ -1,0 +1,108 @@
+"""Token trees: the tree type, best-first building against brute force, greedy verification."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exstill_sdk.speculative.trees import ROOT, TokenTree, best_first_tree, greedy_path
+
+VOCAB = 5
+
+
+def oracle(seed: int):
+    """A draft over 5 tokens whose distribution depends on the whole path (a hash of it)."""
+
+    def next_probs(path: list[int]) -> np.ndarray:
+        rng = np.random.default_rng([seed, *path, len(path)])
+        p = rng.random(VOCAB) ** 3
+        return p / p.sum()
+
+    return next_probs
+
+
+def brute_force_values(next_probs, depth: int, top_k: int) -> dict[tuple[int, ...], float]:
+    """Every path of at most ``depth`` tokens whose every step is among its parent's top_k,
+    with its cumulative probability."""
+    values: dict[tuple[int, ...], float] = {}
+    frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    for _ in range(depth):
+        grown = []
+        for path, value in frontier:
+            probs = next_probs(list(path))
+            for token in np.argsort(-probs, kind="stable")[:top_k]:
+                child = (*path, int(token)), value * float(probs[token])
+                values[child[0]] = child[1]
+                grown.append(child)
+        frontier = grown
+    return values
+
+
+@given(st.integers(0, 1000), st.integers(1, 6), st.integers(1, 3))
+def test_best_first_takes_the_likeliest_paths(seed: int, budget: int, top_k: int) -> None:
+    next_probs = oracle(seed)
+    tree = best_first_tree(next_probs, budget, top_k)
+    assert len(tree) == budget
+    paths = [tuple(tree.path(i)) for i in range(len(tree))]
+    assert len(set(paths)) == budget  # no node twice
+    values = brute_force_values(next_probs, budget, top_k)
+    chosen = sorted((values[p] for p in paths), reverse=True)
+    best = sorted(values.values(), reverse=True)[:budget]
+    assert chosen == pytest.approx(best)  # the best N values (ties may pick other paths)
+    for i, parent in enumerate(tree.parents):  # closed under parents
+        assert parent == ROOT or paths[parent] == paths[i][:-1]
+
+
+def test_top_1_is_the_draft_chain() -> None:
+    next_probs = oracle(7)
+    tree = best_first_tree(next_probs, 6, 1)
+    assert tree.parents == (-1, 0, 1, 2, 3, 4)
+    chain: list[int] = []
+    for _ in range(6):
+        chain.append(int(np.argmax(next_probs(chain))))
+    assert list(tree.tokens) == chain and tree == TokenTree.chain(chain)
+
+
+@given(st.lists(st.integers(0, 3), max_size=8), st.lists(st.integers(0, 3), max_size=10))
+def test_greedy_on_a_chain_keeps_the_common_prefix(draft: list[int], target: list[int]) -> None:
+    kept = greedy_path(TokenTree.chain(draft), target)
+    n = next(
+        (i for i, (a, b) in enumerate(zip(draft, target, strict=False)) if a != b),
+        min(len(draft), len(target)),
+    )
+    assert kept == list(range(n))
+
+
+def test_greedy_follows_the_branch_the_target_takes() -> None:
+    #        context
+    #        /      \
+    #      5(0)     7(1)
+    #      /  \       \
+    #   6(2)  8(3)    9(4)
+    #          |
+    #        10(5)
+    tree = TokenTree((5, 7, 6, 8, 9, 10), (ROOT, ROOT, 0, 0, 1, 3))
+    assert greedy_path(tree, [5, 8, 10, 11]) == [0, 3, 5]
+    assert greedy_path(tree, [7, 9, 1]) == [1, 4]
+    assert greedy_path(tree, [5, 6]) == [0, 2]
+    assert greedy_path(tree, [4]) == []
+    assert tree.path(5) == [5, 8, 10]
+
+
+def test_a_parent_after_its_child_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not come before"):
+        TokenTree((1, 2), (1, ROOT))
+    with pytest.raises(ValueError, match="one parent per token"):
+        TokenTree((1, 2), (ROOT,))
+
+
+def test_every_enumerated_path_is_reachable() -> None:
+    """brute_force_values is the reference above: check it on a tiny case by hand."""
+    values = brute_force_values(oracle(3), 2, 2)
+    assert len(values) == 2 + 4
+    assert all(len(p) in (1, 2) for p in values)
+    assert set(itertools.chain.from_iterable(values)) <= set(range(VOCAB))

@@ -5,7 +5,9 @@ sequence. ``verify_batch`` scores every sequence of a round in one onnxruntime r
 graph, exstill_sdk.execution.slots): on a target bound by reading its weights, that is what
 makes several users cost little more than one. ``greedy(prompt, n)`` is the plain greedy loop,
 the reference a speculative decoder must reproduce; ``greedy_batch`` decodes several prompts
-with one run a step, the plain baseline for several users.
+with one run a step, the plain baseline for several users. ``verify_tree`` scores a token tree
+in one run (the tree graph, exstill_sdk.execution.trees) and ``keep_path`` keeps the accepted
+path's cache entries.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import numpy as np
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.execution.runner import MAX_CHUNK, OnnxDecoder
 from exstill_sdk.execution.slots import Feed, SlotRunner
+from exstill_sdk.execution.trees import TreeRunner
 from exstill_sdk.image.reader import CardImage, open_image
 from exstill_sdk.speculative.adapter import TargetAdapter
+from exstill_sdk.speculative.trees import TokenTree
 from exstill_sdk.support.tokens import CachedTokens
 
 
@@ -41,7 +45,10 @@ class OnnxTarget(TargetAdapter):
         self.max_positions = positions
         self.threads = threads
         self.max_batch = max_sequences
+        self.supports_trees = True
         self._slots: SlotRunner | None = None
+        self._trees: TreeRunner | None = None
+        """The tree graph's session, opened on the first tree."""
         """The slot graph's session, opened on the first batch of several sequences."""
         self._rows: dict[int, int] = {}
         self._cached: dict[int, CachedTokens] = {}
@@ -96,6 +103,19 @@ class OnnxTarget(TargetAdapter):
                 Feed(row, np.asarray(tail[ahead:], np.int64), start + ahead, len(draft) + 1)
             )
         return self._slots.run(feeds)
+
+    def verify_tree(self, seq_id: int, context: Sequence[int], tree: TokenTree) -> np.ndarray:
+        row, start, prefix = self._tail(seq_id, context, ())
+        if self._trees is None:
+            self._trees = TreeRunner(self.image, self.runner, self.threads)
+        return self._trees.run(row, start, prefix, tree.tokens, tree.parents)
+
+    def keep_path(self, seq_id: int, tree: TokenTree, nodes: Sequence[int]) -> None:
+        if self._trees is None or seq_id not in self._rows:
+            raise InvalidArgumentError(f"sequence {seq_id} has no scored tree to keep a path of")
+        cached = self._cached[seq_id]
+        self._trees.keep(self._rows[seq_id], len(cached.tokens), nodes)
+        cached.tokens += [tree.tokens[i] for i in nodes]
 
     def rollback(self, seq_id: int, length: int) -> None:
         cached = self._cached.get(seq_id)

@@ -28,6 +28,11 @@ being [``slot_start_b``, ``slot_end_b``) with ``seqlens_k_b``/``total_sequence_l
 above and its own KV buffers ``past_key_i_b``/``past_value_i_b`` [1, kv_heads, positions,
 head_dim] (row b); ``unslot`` [T] says where each token's attention output lies among the
 slots' outputs (see ``_slot_attention``). Every matrix product runs once over all T tokens.
+
+The tree graph (``tree=True``) is the decoder graph with two more inputs, for a token tree
+scored in one run: ``position_ids`` int64 [B, S] (each token's rotary position: its depth in
+the tree, not its cache slot) and ``attention_bias`` float32 [B, 1, S, total] (0 where a token
+may look, -inf where not: each node sees the context and its own ancestors only).
 """
 
 from __future__ import annotations
@@ -131,9 +136,14 @@ class GraphBuilder:
         return name
 
 
-def build_decoder(image: CardImage, positions: int, slots: int = 0) -> onnx.ModelProto:
+def build_decoder(
+    image: CardImage, positions: int, slots: int = 0, tree: bool = False
+) -> onnx.ModelProto:
     """The decoder graph for an image, with KV buffers of ``positions`` tokens per stream;
-    with ``slots``, the slot graph (module docstring) over that many KV rows."""
+    with ``slots``, the slot graph (module docstring) over that many KV rows; with ``tree``,
+    the tree graph."""
+    if slots and tree:
+        raise ValueError("a graph is the slot graph or the tree graph, not both")
     arch: DecoderConfig = image.arch
     g = GraphBuilder()
     file = Path(image.path).name if image.path else ""
@@ -210,6 +220,13 @@ def build_decoder(image: CardImage, positions: int, slots: int = 0) -> onnx.Mode
             helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
             helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
         ]
+    if tree:
+        g.inputs += [
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info(
+                "attention_bias", TensorProto.FLOAT, ["batch", 1, "seq", "total"]
+            ),
+        ]
     kv_shape: list[str | int | None] = ["batch", arch.num_kv_heads, positions, hd]
     cos, sin = cos_sin_tables(arch, positions)
     rope = (g.const("rope_cos", cos), g.const("rope_sin", sin))
@@ -274,6 +291,7 @@ def build_decoder(image: CardImage, positions: int, slots: int = 0) -> onnx.Mode
                 kv_shape,
                 arch,
                 rope,
+                ("position_ids", "attention_bias") if tree else (),
             )
         o = linear(attn, [p + "attn.o.weight"], [p + "attn.o.bias"] if arch.o_bias else None)
         n2, _, _, x = g.op(
@@ -334,9 +352,11 @@ def _attention(
     kv_shape: list[str | int | None],
     arch: DecoderConfig,
     rope: tuple[str, str],
+    tree: tuple[str, ...] = (),
 ) -> str:
     """GroupQueryAttention over the KV buffers ``past_key_{suffix}``/``past_value_{suffix}``,
-    which are also its present outputs (bound to the same memory: appended in place)."""
+    which are also its present outputs (bound to the same memory: appended in place); with
+    ``tree``, the position ids and attention bias of the tree graph."""
     past_k, past_v = f"past_key_{suffix}", f"past_value_{suffix}"
     present_k, present_v = f"present_key_{suffix}", f"present_value_{suffix}"
     g.inputs += [
@@ -351,7 +371,7 @@ def _attention(
     g.nodes.append(
         helper.make_node(
             "GroupQueryAttention",
-            [*inputs, past_k, past_v, seqlens, total, *rope],
+            [*inputs, past_k, past_v, seqlens, total, *rope, *tree],
             [attn, present_k, present_v],
             name=g.name(f"gqa_{suffix}"),
             domain="com.microsoft",

@@ -71,11 +71,18 @@ class OnnxDecoder:
         self._bindings: dict[tuple[int, int, str], tuple[ort.IOBinding, list[np.ndarray]]] = {}
         self._decode: dict[tuple[int, int], _DecodeBuffers] = {}
 
-    def _binding(self, lo: int, hi: int, purpose: str = "chunk") -> ort.IOBinding:
-        """An IO binding with rows lo..hi-1 of every KV buffer bound as past and present."""
+    def kv_binding(
+        self,
+        lo: int,
+        hi: int,
+        purpose: str = "chunk",
+        session: ort.InferenceSession | None = None,
+    ) -> ort.IOBinding:
+        """An IO binding of ``session`` (default: the decoder graph's) with rows lo..hi-1 of
+        every KV buffer bound as past and present; one per purpose, made once."""
         entry = self._bindings.get((lo, hi, purpose))
         if entry is None:
-            io = self.session.io_binding()
+            io = (session or self.session).io_binding()
             views = []
             for i in range(self.arch.num_layers):
                 for past, present, buffer in (
@@ -94,7 +101,7 @@ class OnnxDecoder:
         writes the tokens and positions into these arrays and runs, with no binding call."""
         buffers = self._decode.get((lo, hi))
         if buffers is None:
-            io = self._binding(lo, hi, "decode")  # its own binding: inputs stay bound
+            io = self.kv_binding(lo, hi, "decode")  # its own binding: inputs stay bound
             b = hi - lo
             buffers = _DecodeBuffers(
                 io,
@@ -133,7 +140,7 @@ class OnnxDecoder:
         """Feed ``ids`` [B, S] to rows lo..lo+B-1, the first token of row b at cache position
         ``positions[b]``; logits [M, vocab] for the flattened positions in ``logit_rows``."""
         b, s = ids.shape
-        io = self._binding(lo, lo + b)
+        io = self.kv_binding(lo, lo + b)
         seqlens = (positions + (s - 1)).astype(np.int32)
         io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
         io.bind_cpu_input("seqlens_k", seqlens)

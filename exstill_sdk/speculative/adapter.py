@@ -10,6 +10,9 @@ scores drafts and forgets what was rejected:
 - ``rollback(seq_id, length)``: only the first ``length`` tokens of context + draft were
   accepted; drop the rest from the cache.
 - ``release(seq_id)``: the sequence finished.
+
+A target that scores token trees in one pass (``supports_trees``) also implements
+``verify_tree`` and ``keep_path``; for the others the decoder drafts chains.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from exstill_sdk.image.tokenizer import TokenizerFingerprint
+from exstill_sdk.speculative.trees import TokenTree
 
 
 class TargetAdapter(ABC):
@@ -35,6 +39,8 @@ class TargetAdapter(ABC):
     """The longest sequence the target holds (a model's ``max_position_embeddings``, an
     engine's cache); the decoder refuses a request that would pass it, whatever the card's slot.
     0: unknown."""
+    supports_trees: bool = False
+    """``verify_tree`` and ``keep_path`` work: a token tree is scored in one pass."""
     tokenizer: TokenizerFingerprint | None = None
     """The target's tokenizer identity; a card stream on an image made for another tokenizer
     is refused. None skips the hash check (the vocabulary size is still compared)."""
@@ -52,6 +58,17 @@ class TargetAdapter(ABC):
     ) -> list[np.ndarray]:
         """Several sequences at once; a target that can batch overrides this."""
         return [self.verify(seq_id, context, draft) for seq_id, context, draft in items]
+
+    def verify_tree(self, seq_id: int, context: Sequence[int], tree: TokenTree) -> np.ndarray:
+        """Logits [len(tree) + 1, vocab_size]: after the context, then after the context
+        followed by each node's path. Leaves the cache holding the context (``keep_path``
+        adds a path to it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not score token trees")
+
+    def keep_path(self, seq_id: int, tree: TokenTree, nodes: Sequence[int]) -> None:
+        """After ``verify_tree``: the cache holds the context followed by the tokens of
+        ``nodes``, a path of ``tree`` from the context."""
+        raise NotImplementedError(f"{type(self).__name__} does not score token trees")
 
     def release(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """The sequence finished; free its cache."""

@@ -1,0 +1,113 @@
+"""Scoring a token tree in one onnxruntime run, in an ``OnnxDecoder``'s own KV buffers.
+
+``TreeRunner`` runs an image's tree graph (exstill_sdk.execution.graph, ``tree=True``) on one
+row: the context tokens not cached yet (a chain; the last one is the tree's root) and then the
+tree's nodes, each at the rotary position of its depth and seeing the context and its own
+ancestors only (an attention bias). Every node's key and value land in the row's next cache
+slots, in node order; ``keep`` then moves one path's entries to the slots right after the
+context, where a chain of those tokens would have put them (their rotary positions are those
+already), so that the row's cache holds context + path and decoding goes on from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.execution.graph import build_decoder
+from exstill_sdk.execution.runner import OnnxDecoder, open_session
+from exstill_sdk.image.reader import CardImage
+
+
+def ancestry(parents: Sequence[int]) -> np.ndarray:
+    """[N, N] bool: node j is node i or one of its ancestors (parents[i] < i; -1: none)."""
+    n = len(parents)
+    seen = np.zeros((n, n), bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            seen[i] = seen[parent]
+        seen[i, i] = True
+    return seen
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Each node's depth: 1 for a child of the context."""
+    out: list[int] = []
+    for parent in parents:
+        out.append(1 if parent < 0 else out[parent] + 1)
+    return out
+
+
+class TreeRunner:
+    def __init__(self, image: CardImage, decoder: OnnxDecoder, threads: int = 0) -> None:
+        self.decoder = decoder
+        self.session = open_session(
+            image, build_decoder(image, decoder.positions, tree=True), threads
+        )
+
+    def run(
+        self, row: int, start: int, prefix: Sequence[int], tokens: Sequence[int],
+        parents: Sequence[int],
+    ) -> np.ndarray:  # fmt: skip
+        """Feed ``prefix`` (the context from cache position ``start`` on, at least its last
+        token) and the tree (``tokens``, ``parents``) to ``row``; logits [1 + N, vocab]: after
+        the context, then after each node's path."""
+        d = self.decoder
+        if not prefix:
+            raise InvalidArgumentError("a tree is scored after at least one context token")
+        if start + len(prefix) + len(tokens) > d.positions:
+            raise InvalidArgumentError(
+                f"{start + len(prefix)} context tokens and a tree of {len(tokens)} exceed the "
+                f"{d.positions} positions"
+            )
+        if not tokens:  # no tree: the context's last position alone
+            return d.prefill(row, np.asarray(prefix, np.int64), start)
+        if start == 0:
+            # With nothing cached, onnxruntime's attention takes the run for a prompt and
+            # applies neither position ids nor the bias: the context goes first on its own.
+            first = d.prefill(row, np.asarray(prefix, np.int64), 0)
+            return np.concatenate([first, self._run(row, len(prefix), [], tokens, parents)])
+        return self._run(row, start, prefix, tokens, parents)
+
+    def _run(
+        self, row: int, start: int, prefix: Sequence[int], tokens: Sequence[int],
+        parents: Sequence[int],
+    ) -> np.ndarray:  # fmt: skip
+        """One run of the tree graph with at least one cached token (``start`` > 0); logits
+        after the prefix's last token (when there is a prefix) and after each node."""
+        d = self.decoder
+        p, n = len(prefix), len(tokens)
+        context = start + p
+        total = context + n
+        ids = np.asarray([*prefix, *tokens], np.int64)[None, :]
+        positions = np.concatenate(
+            [np.arange(start, context), context - 1 + np.asarray(depths(parents), np.int64)]
+        ).astype(np.int64)[None, :]
+        bias = np.full((1, 1, p + n, total), -np.inf, np.float32)
+        bias[0, 0, :, :start] = 0
+        bias[0, 0, :p, start:context] = np.where(np.tril(np.ones((p, p), bool)), 0, -np.inf)
+        bias[0, 0, p:, start:context] = 0
+        bias[0, 0, p:, context:] = np.where(ancestry(parents), 0, -np.inf)
+        io = d.kv_binding(row, row + 1, "tree", self.session)
+        io.bind_cpu_input("input_ids", ids)
+        io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
+        io.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
+        io.bind_cpu_input("logit_rows", np.arange(max(p - 1, 0), p + n, dtype=np.int64))
+        io.bind_cpu_input("position_ids", positions)
+        io.bind_cpu_input("attention_bias", bias)
+        logits = np.empty((n + min(p, 1), d.vocab_size), np.float32)
+        io.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+        self.session.run_with_iobinding(io)
+        return logits
+
+    def keep(self, row: int, context: int, nodes: Sequence[int]) -> None:
+        """After ``run`` with ``context`` tokens before the tree: move the keys and values of
+        ``nodes`` (a path, root side first) to the slots right after the context."""
+        if not nodes:
+            return
+        source = context + np.asarray(nodes)
+        target = context + np.arange(len(nodes))
+        for buffer in (*self.decoder.keys, *self.decoder.values):
+            buffer[row, :, target] = buffer[row, :, source]

@@ -1,6 +1,7 @@
 """A transformers causal LM as the target, with one KV cache per sequence (cropped on
 rollback), so a decoder serves several sequences with one HF model: HF's own assisted
-generation is limited to batch 1.
+generation is limited to batch 1. A token tree is scored in one forward with a 4-D attention
+mask (each node sees the context and its ancestors) and position ids by depth.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
 from exstill_sdk.speculative.adapter import TargetAdapter
+from exstill_sdk.speculative.trees import TokenTree, ancestry, depths
 from exstill_sdk.support.tokens import CachedTokens
 
 
@@ -38,6 +40,7 @@ class HFTarget(TargetAdapter):
 
         self.model = model.eval()
         self.vocab_size = int(model.config.vocab_size)
+        self.supports_trees = True
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         eos = getattr(model.generation_config, "eos_token_id", None)
         self.eos_token_ids = tuple(
@@ -61,6 +64,45 @@ class HFTarget(TargetAdapter):
         with torch.no_grad():  # the model extends the cache in place
             out = self.model(input_ids=ids, use_cache=True, **{self._cache_argument: cache})
         return out.logits[0, -(len(draft) + 1) :].float().cpu().numpy()
+
+    def verify_tree(self, seq_id: int, context: Sequence[int], tree: TokenTree) -> np.ndarray:
+        import torch
+        from transformers import DynamicCache
+
+        entry = self._caches.get(seq_id)
+        if entry is None:
+            entry = self._caches[seq_id] = (DynamicCache(), CachedTokens())
+        cache, cached = entry
+        start, prefix = cached.advance(context, ())
+        _crop(cache, start)
+        p, n = len(prefix), len(tree)
+        allow = torch.zeros((p + n, start + p + n), dtype=torch.bool)
+        allow[:, :start] = True
+        allow[:p, start : start + p] = torch.tril(torch.ones((p, p), dtype=torch.bool))
+        allow[p:, start : start + p] = True
+        allow[p:, start + p :] = torch.from_numpy(ancestry(tree.parents))
+        positions = [*range(start, start + p), *(start + p - 1 + d for d in depths(tree.parents))]
+        device = self.model.device
+        with torch.no_grad():
+            out = self.model(
+                input_ids=torch.tensor([[*prefix, *tree.tokens]], device=device),
+                attention_mask=allow[None, None].to(device),
+                position_ids=torch.tensor([positions], device=device),
+                use_cache=True,
+                **{self._cache_argument: cache},
+            )
+        return out.logits[0, p - 1 :].float().cpu().numpy()
+
+    def keep_path(self, seq_id: int, tree: TokenTree, nodes: Sequence[int]) -> None:
+        import torch
+
+        cache, cached = self._caches[seq_id]
+        context = len(cached.tokens)
+        keep = torch.tensor([*range(context), *(context + i for i in nodes)])
+        for layer in cache.layers:  # every node's keys and values follow the context
+            layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
+            layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
+        cached.tokens += [tree.tokens[i] for i in nodes]
 
     def rollback(self, seq_id: int, length: int) -> None:
         entry = self._caches.get(seq_id)

@@ -19,25 +19,7 @@ from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.execution.graph import build_decoder
 from exstill_sdk.execution.runner import OnnxDecoder, open_session
 from exstill_sdk.image.reader import CardImage
-
-
-def ancestry(parents: Sequence[int]) -> np.ndarray:
-    """[N, N] bool: node j is node i or one of its ancestors (parents[i] < i; -1: none)."""
-    n = len(parents)
-    seen = np.zeros((n, n), bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            seen[i] = seen[parent]
-        seen[i, i] = True
-    return seen
-
-
-def depths(parents: Sequence[int]) -> list[int]:
-    """Each node's depth: 1 for a child of the context."""
-    out: list[int] = []
-    for parent in parents:
-        out.append(1 if parent < 0 else out[parent] + 1)
-    return out
+from exstill_sdk.support.trees import ancestry, depths
 
 
 class TreeRunner:

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exstill_sdk.support.trees import ancestry, depths
+
+__all__ = ["ROOT", "TokenTree", "ancestry", "best_first_tree", "depths", "greedy_path"]
+
 ROOT = -1
 """The parent of the nodes that follow the context directly."""
 

@@ -11,6 +11,16 @@ the draft's probabilities along the path), as EAGLE-2's reranking chooses them: 
 value is at most its parent's, so taking candidates best first, each expanded to its ``top_k``
 likeliest children, gives the best N. ``greedy_path`` is greedy verification: the target's own
 choice at each step decides which child, if any, is kept.
+
+Sampling keeps the target's distribution exactly with a tree whose children are *drawn*:
+``sampled_tree`` draws each node's children from the draft's distribution without replacement
+(each from what is left, renormalised), and ``verify_tree_sampled`` is recursive rejection
+sampling (Jeon et al. 2024): at a node, its children are tried in the order they were drawn,
+each accepted with probability min(1, p(x) / q(x)); after a rejection p becomes the normalised
+residual max(0, p - q) and q loses x (renormalised); when every child is rejected the token is
+drawn from what p has become. Each try is one step of speculative sampling with the proposal
+the child was drawn from, which is exact whatever that proposal is, so the kept path and the
+token after it are distributed as the target's own sampling would make them.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exstill_sdk.speculative.sampling import sample
 from exstill_sdk.support.trees import ancestry, depths
 
 __all__ = ["ROOT", "TokenTree", "ancestry", "best_first_tree", "depths", "greedy_path"]
@@ -113,3 +124,102 @@ def best_first_tree(
         if len(tokens) < budget:
             expand(len(tokens) - 1, -value, path)
     return TokenTree(tuple(tokens), tuple(parents))
+
+
+def sampled_tree(
+    next_probs: Callable[[list[int]], np.ndarray],
+    budget: int,
+    top_k: int,
+    rng: np.random.Generator,
+) -> TokenTree:
+    """A tree for sampled verification (``verify_tree_sampled``): each node's children drawn
+    one after another from the draft's distribution without replacement (at most ``top_k``),
+    listed in the order drawn, ``budget`` nodes in all.
+
+    Which child slots the tree spends its budget on is decided best first, as in
+    ``best_first_tree``, but a slot is ranked *before* its token is drawn: by the path's
+    cumulative probability, the mass left to draw from, and the chance that a draw from it
+    lands on a likely token (the sum of its squared renormalised probabilities). A rank that
+    looked at the drawn token would make a child's presence depend on its own token, and its
+    law would no longer be the one recursive rejection sampling assumes."""
+    if budget < 1 or top_k < 1:
+        raise ValueError("a tree needs a budget and top_k of at least 1")
+    tokens: list[int] = []
+    parents: list[int] = []
+    paths: list[list[int]] = []
+    left: dict[int, np.ndarray] = {}  # per node: the draft's distribution not drawn yet
+    value: dict[int, float] = {ROOT: 1.0}  # per node: its path's cumulative probability
+    drawn: dict[int, int] = {}
+    heap: list[tuple[float, int, int]] = []  # (-rank, order, the node whose next child it is)
+    order = 0
+
+    def offer(node: int, bound: float) -> None:
+        """Rank the node's next child slot, never above ``bound`` (its previous sibling's)."""
+        nonlocal order
+        q = left[node]
+        mass = float(q.sum())
+        if mass <= 0 or drawn.get(node, 0) >= top_k:
+            return
+        rank = min(bound, value[node] * mass * float(np.square(q / mass).sum()))
+        heapq.heappush(heap, (-rank, order, node))
+        order += 1
+
+    def open_node(node: int, path: list[int]) -> None:
+        left[node] = np.asarray(next_probs(path), np.float64).copy()
+        offer(node, 1.0)
+
+    open_node(ROOT, [])
+    while heap and len(tokens) < budget:
+        rank, _, parent = heapq.heappop(heap)
+        q = left[parent]
+        x = sample(q / q.sum(), rng)
+        node = len(tokens)
+        tokens.append(x)
+        parents.append(parent)
+        paths.append([*(paths[parent] if parent != ROOT else []), x])
+        value[node] = value[parent] * float(q[x])
+        q[x] = 0.0
+        drawn[parent] = drawn.get(parent, 0) + 1
+        offer(parent, -rank)
+        if len(tokens) < budget:
+            open_node(node, paths[node])
+    return TokenTree(tuple(tokens), tuple(parents))
+
+
+def verify_tree_sampled(
+    tree: TokenTree,
+    p: np.ndarray,
+    q: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[list[int], int]:
+    """(the kept nodes, the token after them) by recursive rejection sampling (module
+    docstring). ``p`` and ``q`` are [len(tree) + 1, vocab] probabilities of the target and of
+    the draft: row 0 after the context, row i + 1 after node i; a node's children must be
+    listed in the order they were drawn from its row of ``q``."""
+    kids: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parents):
+        kids.setdefault(parent, []).append(i)
+    kept: list[int] = []
+    node = ROOT
+    while True:
+        target = p[node + 1].astype(np.float64)
+        draft = q[node + 1].astype(np.float64)
+        chosen = None
+        for child in kids.get(node, []):
+            x = tree.tokens[child]
+            if draft[x] <= 0:
+                raise ValueError(f"node {child}'s token {x} has probability 0 where it was drawn")
+            if rng.random() * draft[x] < target[x]:  # u < p/q without dividing
+                chosen = child
+                break
+            residual = np.maximum(target - draft, 0.0)
+            target = residual / residual.sum() if residual.sum() > 0 else target
+            draft = draft.copy()
+            draft[x] = 0.0
+            if draft.sum() <= 0:
+                break
+            draft /= draft.sum()
+        if chosen is None:
+            return kept, sample(target, rng)
+        kept.append(chosen)
+        node = chosen

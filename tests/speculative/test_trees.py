@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -106,3 +107,78 @@ def test_every_enumerated_path_is_reachable() -> None:
     assert len(values) == 2 + 4
     assert all(len(p) in (1, 2) for p in values)
     assert set(itertools.chain.from_iterable(values)) <= set(range(VOCAB))
+
+
+@functools.cache
+def _distribution(seed: int, path: tuple[int, ...], sharp: float) -> np.ndarray:
+    rng = np.random.default_rng([seed, *path, len(path)])
+    x = rng.random(VOCAB) ** sharp
+    return x / x.sum()
+
+
+def _two_tokens_by_trees(
+    rng: np.random.Generator, budget: int, top_k: int, rule=None
+) -> tuple[int, int]:
+    """The first two tokens of a sampled decode by trees: a target p and a draft q that
+    differ, both depending on the whole path."""
+    from exstill_sdk.speculative.trees import sampled_tree, verify_tree_sampled
+
+    verify = rule or verify_tree_sampled
+    out: list[int] = []
+    while len(out) < 2:
+        context = tuple(out)
+
+        def draft(path: list[int], context: tuple[int, ...] = context) -> np.ndarray:
+            return _distribution(2, (*context, *path), 2.0)
+
+        tree = sampled_tree(draft, budget, top_k, rng)
+        paths = [context, *((*context, *tree.path(i)) for i in range(len(tree)))]
+        p = np.stack([_distribution(1, path, 1.0) for path in paths])
+        q = np.stack([_distribution(2, path, 2.0) for path in paths])
+        kept, token = verify(tree, p, q, rng)
+        out += [tree.tokens[k] for k in kept] + [token]
+    return out[0], out[1]
+
+
+def _chi_square_p_value(budget: int, top_k: int, rule=None) -> float:
+    from scipy.stats import chisquare
+
+    rng = np.random.default_rng(12345)
+    trials = 12000
+    counts = np.zeros((VOCAB, VOCAB))
+    for _ in range(trials):
+        a, b = _two_tokens_by_trees(rng, budget, top_k, rule)
+        counts[a, b] += 1
+    first = _distribution(1, (), 1.0)
+    expected = np.array(
+        [[first[a] * _distribution(1, (a,), 1.0)[b] for b in range(VOCAB)] for a in range(VOCAB)]
+    )
+    return float(chisquare(counts.ravel(), expected.ravel() * trials).pvalue)
+
+
+@pytest.mark.parametrize(("budget", "top_k"), [(1, 1), (4, 2), (6, 3)])
+def test_sampled_trees_keep_the_targets_distribution(budget: int, top_k: int) -> None:
+    """The joint law of the first two tokens is p(a) p(b | a), chi-square over 25 outcomes."""
+    assert _chi_square_p_value(budget, top_k) > 1e-3
+
+
+def test_the_chi_square_check_catches_a_wrong_rule() -> None:
+    """Without the residual (the target's p kept after a rejection), the law is off."""
+    from exstill_sdk.speculative.sampling import sample
+
+    def no_residual(tree, p, q, rng):
+        kids: dict[int, list[int]] = {}
+        for i, parent in enumerate(tree.parents):
+            kids.setdefault(parent, []).append(i)
+        kept, node = [], ROOT
+        while True:
+            for child in kids.get(node, []):
+                x = tree.tokens[child]
+                if rng.random() * q[node + 1, x] < p[node + 1, x]:
+                    kept.append(child)
+                    node = child
+                    break
+            else:
+                return kept, sample(p[node + 1], rng)
+
+    assert _chi_square_p_value(4, 2, no_residual) < 1e-6

@@ -52,7 +52,7 @@ class Spread:
 
 
 def verify_curve(
-    target: Any, context: list[int], sizes: range, repeats: int = 5
+    target: Any, context: list[int], sizes: Sequence[int], repeats: int = 5
 ) -> dict[str, float]:
     """Microseconds the target takes to score n tokens after ``context`` (the median of
     ``repeats`` turns over the sizes): what a round of K drafted tokens costs the target

@@ -231,9 +231,16 @@ def test_trees_bench_sets_trees_beside_the_chain() -> None:
             timeout=300,
         )
 
-    out = trees("--budgets", "2,6", "--json")
+    out = trees("--budgets", "2,6", "--target", "small", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
+    timed = result["target"]
+    assert timed["name"] == "small" and set(timed["verify_us"]) == {"1", "2", "6"}
+    limits = {f"chain of {row['drafted']}": row["chain_limit"] for row in result["rows"]} | {
+        f"tree of {row['drafted']}": row["best_tree_limit"] for row in result["rows"]
+    }
+    assert timed["chosen_limit"] == max(limits.values())
+    assert timed["chosen"].split(" (")[0] in limits
     assert result["files"] == 1 and result["rounds_per_file"] == 3
     assert [row["budget"] for row in result["rows"]] == [2, 6]
     one = result["rows"][0]
@@ -243,7 +250,7 @@ def test_trees_bench_sets_trees_beside_the_chain() -> None:
         assert row["best_tree"] == max(row["trees"], key=lambda t: t["tokens_per_pass"])
     # one drafted token: every tree is the draft's top-1, the chain itself
     assert all(t["tokens_per_pass"] == one["chain_tokens_per_pass"] for t in one["trees"])
-    text = trees("--budgets", "2,6")
+    text = trees("--budgets", "2,6", "--target", "none")
     assert text.returncode == 0 and text.stdout.splitlines()[1].split()[:2] == ["budget", "chain"]
     refused = trees("--budgets", "1")
     assert refused.returncode == 2 and "--budgets wants 2 or more" in refused.stderr

@@ -182,3 +182,23 @@ def test_the_chi_square_check_catches_a_wrong_rule() -> None:
                 return kept, sample(p[node + 1], rng)
 
     assert _chi_square_p_value(4, 2, no_residual) < 1e-6
+
+
+def test_a_tree_is_chosen_only_where_it_beats_every_chain() -> None:
+    from exstill_sdk.speculative.shapes import Shape, choose_shape
+
+    steps = {2: 1.1, 5: 1.3, 8: 1.5, 17: 2.2}.__getitem__  # plain steps to score n positions
+    kept = {
+        Shape("chain", 1): 1.7,
+        Shape("chain", 4): 2.6,  # 2.00 tokens a step
+        Shape("chain", 7): 2.9,  # 1.93
+        Shape("tree", 7, 2): 3.2,  # 2.13
+        Shape("tree", 16, 2): 4.0,  # 1.82
+    }
+    assert choose_shape(kept, steps) == (Shape("tree", 7, 2), pytest.approx(3.2 / 1.5))
+    kept[Shape("tree", 7, 2)] = 2.9  # no better than the chain of 7: the chain of 4 wins
+    assert choose_shape(kept, steps)[0] == Shape("chain", 4)
+    # a tie: the chain, then the smaller draft
+    assert choose_shape({Shape("chain", 4): 2.6, Shape("tree", 4, 2): 2.6}, steps)[0].kind == (
+        "chain"
+    )

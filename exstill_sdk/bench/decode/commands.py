@@ -82,6 +82,13 @@ def register(sub: Subcommands) -> None:
         help="positions a pass scores: N - 1 drafted tokens as a chain or a tree (default "
         f"{','.join(str(b) for b in DEFAULT_BUDGETS)})",
     )
+    trees.add_argument(
+        "--target",
+        choices=("large", "small", "none"),
+        default="large",
+        help="also time each budget's pass on this demo target and choose the shape for it "
+        "(default large, built into ~/.cache/exstill on first use; none: acceptance only)",
+    )
     trees.add_argument("--json", action="store_true", help="print one JSON object")
     trees.set_defaults(handler=_trees)
 
@@ -150,6 +157,7 @@ def _trees(args: argparse.Namespace) -> dict[str, Any] | None:
         context_tokens=args.context_tokens,
         rounds=args.rounds,
         budgets=budgets,
+        timed_on=None if args.target == "none" else args.target,
     )
     if args.json:
         return result

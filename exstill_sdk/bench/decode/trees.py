@@ -13,6 +13,11 @@ output soon repeats itself (``#`` lines, ``_T_T_T``), which any chain keeps whol
 is what tells a draft's hesitations apart. The draft runs on the host here (the draft image in
 onnxruntime, one distribution per node), so that trees are measured before the card drafts
 them.
+
+Timed on a target (the demo's ``large`` or ``small``), each budget's pass is also timed on it
+(``verify_curve``: plain steps to score N positions), and each shape's tokens kept a pass over
+that cost is the speed-up a free draft of that shape would give there; ``choose_shape`` picks
+the best, a tree only where it beats every chain.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from exstill_sdk.speculative.shapes import Shape, choose_shape
 from exstill_sdk.speculative.trees import best_first_tree, greedy_path
 
-DEFAULT_BUDGETS = (8, 16, 32, 64)
+DEFAULT_BUDGETS = (2, 4, 8, 16, 32, 64)
 TREES = ((2, 1.0), (4, 1.0), (2, 0.5), (4, 0.5))
 """The trees tried, as (top_k, temperature): the draft's distribution is sharpened by the
 temperature before cumulative probabilities rank the nodes (a draft that is right more often
@@ -42,9 +48,11 @@ def run(
     rounds: int = 32,
     budgets: tuple[int, ...] = DEFAULT_BUDGETS,
     trees: tuple[tuple[int, float], ...] = TREES,
+    timed_on: str | None = None,
 ) -> dict[str, Any]:
     """``rounds`` rounds in each of ``files`` held-out files, the first after
-    ``context_tokens`` tokens of it; each budget as a chain and as each of ``trees``."""
+    ``context_tokens`` tokens of it; each budget as a chain and as each of ``trees``; with
+    ``timed_on``, the passes timed on that demo target and the shape chosen for it."""
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.demo import POSITIONS, demo_dir, held_out_prompts
 
@@ -92,12 +100,52 @@ def run(
                 "best_tree_over_chain": round(best["tokens_per_pass"] / chain, 3),
             }
         )
-    return {
+    result: dict[str, Any] = {
         "pair": "demo",
         "files": len(texts),
         "context_tokens": context_tokens,
         "rounds_per_file": rounds,
         "rows": rows,
+    }
+    if timed_on is not None:
+        result["target"] = _choose_for(timed_on, texts[0][:context_tokens], rows)
+    return result
+
+
+def _choose_for(name: str, context: list[int], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Time each budget's pass on the demo target ``name``; add each shape's limit to the rows
+    and return the choice."""
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.demo import POSITIONS, demo_target
+    from exstill_sdk.harness.speedup import verify_curve
+
+    model = OnnxTarget(demo_target(name).image, positions=POSITIONS, threads=1)
+    sizes = sorted({1, *(row["budget"] for row in rows)})
+    verify_us = verify_curve(model, context, sizes)
+
+    def steps(positions: int) -> float:
+        return verify_us[str(positions)] / verify_us["1"]
+
+    kept: dict[Shape, float] = {}
+    for row in rows:
+        row["verify_steps"] = round(steps(row["budget"]), 3)
+        chain = Shape("chain", row["drafted"])
+        kept[chain] = row["chain_tokens_per_pass"]
+        row["chain_limit"] = round(row["chain_tokens_per_pass"] / row["verify_steps"], 3)
+        best = row["best_tree"]
+        tree = Shape("tree", row["drafted"], best["top_k"])
+        kept[tree] = best["tokens_per_pass"]
+        row["best_tree_limit"] = round(best["tokens_per_pass"] / row["verify_steps"], 3)
+    chosen, limit = choose_shape(kept, steps)
+    chains = {shape: k for shape, k in kept.items() if shape.kind == "chain"}
+    best_chain, chain_limit = choose_shape(chains, steps)
+    return {
+        "name": name,
+        "verify_us": verify_us,
+        "chosen": str(chosen),
+        "chosen_limit": round(limit, 3),
+        "best_chain": str(best_chain),
+        "best_chain_limit": round(chain_limit, 3),
     }
 
 
@@ -110,10 +158,26 @@ def table(result: dict[str, Any]) -> str:
         "rounds, demo pair",
         f"{'budget':>6}  {'chain':>6}  " + "  ".join(f"{h:>8}" for h in heads) + "  best/chain",
     ]
+    timed = "target" in result
+    if timed:
+        lines[1] += "  steps  chain limit  tree limit"
     for row in rows:
         trees = "  ".join(f"{t['tokens_per_pass']:>8.2f}" for t in row["trees"])
-        lines.append(
+        line = (
             f"{row['budget']:>6}  {row['chain_tokens_per_pass']:>6.2f}  {trees}  "
             f"{row['best_tree_over_chain']:>9.2f}x"
+        )
+        if timed:
+            line += (
+                f"  {row['verify_steps']:>5.2f}  {row['chain_limit']:>10.2f}x  "
+                f"{row['best_tree_limit']:>9.2f}x"
+            )
+        lines.append(line)
+    if timed:
+        t = result["target"]
+        lines.append(
+            f"on the {t['name']} demo target: best chain {t['best_chain']} "
+            f"({t['best_chain_limit']:.2f}x with a free draft); chosen: {t['chosen']} "
+            f"({t['chosen_limit']:.2f}x)"
         )
     return "\n".join(lines)

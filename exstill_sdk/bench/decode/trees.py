@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from exstill_sdk.speculative.shapes import Shape, choose_shape
+from exstill_sdk.speculative.shapes import Shape, choose_shape, speedup_limit
 from exstill_sdk.speculative.trees import best_first_tree, greedy_path
 
 DEFAULT_BUDGETS = (2, 4, 8, 16, 32, 64)
@@ -131,11 +131,11 @@ def _choose_for(name: str, context: list[int], rows: list[dict[str, Any]]) -> di
         row["verify_steps"] = round(steps(row["budget"]), 3)
         chain = Shape("chain", row["drafted"])
         kept[chain] = row["chain_tokens_per_pass"]
-        row["chain_limit"] = round(row["chain_tokens_per_pass"] / row["verify_steps"], 3)
+        row["chain_limit"] = round(speedup_limit(kept[chain], row["budget"], steps), 3)
         best = row["best_tree"]
         tree = Shape("tree", row["drafted"], best["top_k"])
         kept[tree] = best["tokens_per_pass"]
-        row["best_tree_limit"] = round(best["tokens_per_pass"] / row["verify_steps"], 3)
+        row["best_tree_limit"] = round(speedup_limit(kept[tree], row["budget"], steps), 3)
     chosen, limit = choose_shape(kept, steps)
     chains = {shape: k for shape, k in kept.items() if shape.kind == "chain"}
     best_chain, chain_limit = choose_shape(chains, steps)

@@ -26,15 +26,27 @@ token after it are distributed as the target's own sampling would make them.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from exstill_sdk.errors import TargetOutputError
 from exstill_sdk.speculative.sampling import sample
 from exstill_sdk.support.trees import ancestry, depths
 
-__all__ = ["ROOT", "TokenTree", "ancestry", "best_first_tree", "depths", "greedy_path"]
+__all__ = [
+    "ROOT",
+    "TokenTree",
+    "ancestry",
+    "best_first_tree",
+    "depths",
+    "greedy_path",
+    "sampled_tree",
+    "verify_tree_greedy",
+    "verify_tree_sampled",
+]
 
 ROOT = -1
 """The parent of the nodes that follow the context directly."""
@@ -90,6 +102,25 @@ def greedy_path(tree: TokenTree, target_tokens: Sequence[int]) -> list[int]:
             break
         kept.append(node)
     return kept
+
+
+def verify_tree_greedy(tree: TokenTree, target_logits: np.ndarray) -> tuple[list[int], int]:
+    """(the kept nodes, the target's token after them): greedy verification of a tree scored in
+    one pass (``target_logits`` as ``TargetAdapter.verify_tree`` returns them: row 0 after the
+    context, row i + 1 after node i). Raises TargetOutputError when a logit it decides by is
+    NaN or infinite, as ``acceptance.verify_greedy`` does for a chain."""
+    best = target_logits.argmax(axis=-1)
+    children = tree.children()
+    kept: list[int] = []
+    node = ROOT
+    while True:
+        if not math.isfinite(target_logits[node + 1, best[node + 1]]):
+            raise TargetOutputError("target returned NaN or infinite logits")
+        child = children[node].get(int(best[node + 1]))
+        if child is None:
+            return kept, int(best[node + 1])
+        kept.append(child)
+        node = child
 
 
 def best_first_tree(

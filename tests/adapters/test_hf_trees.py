@@ -11,7 +11,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from exstill_sdk.adapters.hf import HFTarget  # noqa: E402
-from exstill_sdk.speculative.trees import ROOT, TokenTree, best_first_tree  # noqa: E402
+from exstill_sdk.speculative.trees import (  # noqa: E402
+    ROOT,
+    TokenTree,
+    best_first_tree,
+    verify_tree_greedy,
+)
 
 
 def llama(seed: int) -> object:
@@ -89,14 +94,10 @@ def test_greedy_decoding_by_trees_is_generate() -> None:
             return z / z.sum()
 
         tree = best_first_tree(next_probs, 6, 3)
-        choice = target.verify_tree(0, context, tree).argmax(-1)
-        children, node, kept = tree.children(), ROOT, []
-        while (child := children[node].get(int(choice[node + 1]))) is not None:
-            kept.append(child)
-            node = child
+        kept, token = verify_tree_greedy(tree, target.verify_tree(0, context, tree))
         target.keep_path(0, tree, kept)
         firsts = {tree.parents.index(p) for p in set(tree.parents)}
         off_chain += sum(k not in firsts for k in kept)
-        out += [tree.tokens[k] for k in kept] + [int(choice[node + 1])]
+        out += [tree.tokens[k] for k in kept] + [token]
     assert out[:40] == reference
     assert off_chain > 0  # a branch other than the draft's top choice was kept, and was right

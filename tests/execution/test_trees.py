@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.demo import POSITIONS, demo_dir
-from exstill_sdk.speculative.trees import ROOT, TokenTree, best_first_tree, greedy_path
+from exstill_sdk.speculative.trees import (
+    ROOT,
+    TokenTree,
+    best_first_tree,
+    greedy_path,
+    verify_tree_greedy,
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,21 +88,10 @@ def test_greedy_decoding_by_trees_is_the_targets_own(target: OnnxTarget, draft: 
             return z / z.sum()
 
         tree = best_first_tree(next_probs, 7, 2)
-        logits = target.verify_tree(0, context, tree)
-        choice = logits.argmax(-1)  # the target's token after the context and after each node
-        children = tree.children()
-        kept: list[int] = []
-        node = ROOT
-        while True:
-            token = int(choice[node + 1])
-            child = children[node].get(token)
-            if child is None:
-                break
-            kept.append(child)
-            node = child
-        assert kept == greedy_path(tree, [*(tree.tokens[k] for k in kept), int(choice[node + 1])])
+        kept, token = verify_tree_greedy(tree, target.verify_tree(0, context, tree))
+        assert kept == greedy_path(tree, [*(tree.tokens[k] for k in kept), token])
         target.keep_path(0, tree, kept)
-        out += [tree.tokens[k] for k in kept] + [int(choice[node + 1])]
+        out += [tree.tokens[k] for k in kept] + [token]
         passes += 1
     assert out[:64] == reference
     assert passes < 64  # trees kept more than one token a pass somewhere

@@ -202,3 +202,20 @@ def test_a_tree_is_chosen_only_where_it_beats_every_chain() -> None:
     assert choose_shape({Shape("chain", 4): 2.6, Shape("tree", 4, 2): 2.6}, steps)[0].kind == (
         "chain"
     )
+
+
+def test_greedy_verification_of_a_scored_tree() -> None:
+    from exstill_sdk.errors import TargetOutputError
+    from exstill_sdk.speculative.trees import verify_tree_greedy
+
+    tree = TokenTree((5, 7, 6, 8, 9, 10), (ROOT, ROOT, 0, 0, 1, 3))
+    logits = np.zeros((len(tree) + 1, 12))
+    for row, best in ((0, 5), (1, 8), (4, 10), (6, 11)):  # context -> 5 -> 8 -> 10, then 11
+        logits[row, best] = 1.0
+    assert verify_tree_greedy(tree, logits) == ([0, 3, 5], 11)
+    logits[0] = 0.0
+    logits[0, 4] = 1.0  # the target's first token is none of the root's children
+    assert verify_tree_greedy(tree, logits) == ([], 4)
+    logits[0, 3] = np.nan
+    with pytest.raises(TargetOutputError, match="NaN"):
+        verify_tree_greedy(tree, logits)

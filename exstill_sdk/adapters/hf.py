@@ -50,8 +50,11 @@ class HFTarget(TargetAdapter):
         self._caches: dict[int, tuple[Any, CachedTokens]] = {}
         self._cache_argument = cache_keyword(model)
 
-    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
-        import torch
+    def _advance(
+        self, seq_id: int, context: Sequence[int], draft: Sequence[int]
+    ) -> tuple[Any, int, list[int]]:
+        """The sequence's cache, cropped to what it shares with ``context``: (the cache, the
+        position to feed from, the tokens to feed)."""
         from transformers import DynamicCache
 
         entry = self._caches.get(seq_id)
@@ -60,6 +63,12 @@ class HFTarget(TargetAdapter):
         cache, cached = entry
         start, tail = cached.advance(context, draft)  # O(new tokens)
         _crop(cache, start)
+        return cache, start, tail
+
+    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        import torch
+
+        cache, _, tail = self._advance(seq_id, context, draft)
         ids = torch.tensor([tail], device=self.model.device)
         with torch.no_grad():  # the model extends the cache in place
             out = self.model(input_ids=ids, use_cache=True, **{self._cache_argument: cache})
@@ -67,14 +76,8 @@ class HFTarget(TargetAdapter):
 
     def verify_tree(self, seq_id: int, context: Sequence[int], tree: TokenTree) -> np.ndarray:
         import torch
-        from transformers import DynamicCache
 
-        entry = self._caches.get(seq_id)
-        if entry is None:
-            entry = self._caches[seq_id] = (DynamicCache(), CachedTokens())
-        cache, cached = entry
-        start, prefix = cached.advance(context, ())
-        _crop(cache, start)
+        cache, start, prefix = self._advance(seq_id, context, ())
         p, n = len(prefix), len(tree)
         allow = torch.zeros((p + n, start + p + n), dtype=torch.bool)
         allow[:, :start] = True

@@ -76,19 +76,17 @@ def expanded_target(
     path = cache_dir() / f"{name}-{small.content_sha256.hex()[:12]}-r{EXPANSION_REVISION}.img"
     image = None
     stage = on_stage or (lambda _: None)
-    size = 4 * parameter_count(expanded_config(small.arch, Widths.scaled(small.arch, hidden)))
+    params = parameter_count(expanded_config(small.arch, Widths.scaled(small.arch, hidden)))
     if path.exists():
-        stage(f"checking {path.name} ({size / 1e6:.0f} MB, built on first use)")
+        stage(f"checking {path.name} ({4 * params / 1e6:.0f} MB, built on first use)")
         try:
             image = open_image(path, verify=True)
         except ImageError:  # a damaged cache entry: build it again
             path.unlink()
     if image is None:
-        stage(f"building {path} once: {size / 1e6:.0f} MB to write")
+        stage(f"building {path} once: {4 * params / 1e6:.0f} MB to write")
         _build(source, path, name, hidden, progress)
         image = open_image(path, verify=True)
-    config = expanded_config(small.arch, Widths.scaled(small.arch, hidden))
-    params = parameter_count(config)
     return DemoTarget(
         "large" if hidden == LARGE_HIDDEN else f"w{hidden}",
         image,

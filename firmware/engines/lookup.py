@@ -114,11 +114,8 @@ class _Chains:
         buckets, slots, positions = self._batch(context, first, end)
         if not len(buckets):
             return
-        order = np.argsort(buckets, kind="stable")  # each bucket's positions, oldest first
+        order, starts = _by_bucket(buckets)
         b, s, j = buckets[order], slots[order], positions[order]
-        starts = np.empty(len(b), bool)
-        starts[0] = True
-        np.not_equal(b[1:], b[:-1], out=starts[1:])
         before = np.empty(len(b), np.intp)
         before[1:] = j[:-1]
         head = np.frombuffer(self.head, np.int32)
@@ -137,13 +134,9 @@ class _Chains:
         buckets, slots, _ = self._batch(context, first, end)
         if not len(buckets):
             return
-        order = np.argsort(buckets, kind="stable")
-        b = buckets[order]
-        starts = np.empty(len(b), bool)
-        starts[0] = True
-        np.not_equal(b[1:], b[:-1], out=starts[1:])
+        order, starts = _by_bucket(buckets)
         prev = np.frombuffer(self.prev, np.int32)
-        np.frombuffer(self.head, np.int32)[b[starts]] = prev[slots[order][starts]]
+        np.frombuffer(self.head, np.int32)[buckets[order][starts]] = prev[slots[order][starts]]
 
     def find(self, c: int, key: bytes | bytearray, context: bytearray) -> int | None:
         """The latest linked position right after ``key``, an n-gram of the c-th n."""
@@ -154,6 +147,17 @@ class _Chains:
                 return j
             j = prev[j * ns + c]
         return None
+
+
+def _by_bucket(buckets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the order that groups a non-empty batch by bucket, each bucket's positions oldest
+    first; where each group starts in that order)."""
+    order = np.argsort(buckets, kind="stable")
+    b = buckets[order]
+    starts = np.empty(len(b), bool)
+    starts[0] = True
+    np.not_equal(b[1:], b[:-1], out=starts[1:])
+    return order, starts
 
 
 def _rfind_aligned(text: bytes | bytearray, key: bytes | bytearray, end: int) -> int:

@@ -28,17 +28,13 @@ import numpy as np
 
 from exstill_sdk.speculative.shapes import Shape, choose_shape, speedup_limit
 from exstill_sdk.speculative.trees import best_first_tree, greedy_path
+from exstill_sdk.support.sampling import SamplingParams, shaped_probs
 
 DEFAULT_BUDGETS = (2, 4, 8, 16, 32, 64)
 TREES = ((2, 1.0), (4, 1.0), (2, 0.5), (4, 0.5))
 """The trees tried, as (top_k, temperature): the draft's distribution is sharpened by the
 temperature before cumulative probabilities rank the nodes (a draft that is right more often
 than its top probability says spreads a tree too wide at 1.0)."""
-
-
-def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
-    z = np.exp((logits - logits.max()) / temperature)
-    return z / z.sum()
 
 
 def run(
@@ -73,7 +69,7 @@ def run(
                 def next_probs(
                     path: list[int], context: list[int] = context, t: float = t
                 ) -> np.ndarray:
-                    return _softmax(draft.verify(0, context, path)[-1], t)
+                    return shaped_probs(draft.verify(0, context, path)[-1], SamplingParams(t))
 
                 for budget in budgets:
                     tree = best_first_tree(next_probs, budget - 1, k)

@@ -11,7 +11,12 @@ import time
 from types import TracebackType
 from typing import Protocol
 
-from exstill_sdk.errors import ExstillError, InvalidArgumentError, LinkTimeoutError
+from exstill_sdk.errors import (
+    ExstillError,
+    InvalidArgumentError,
+    LinkTimeoutError,
+    ProtocolError,
+)
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import CRC_SIZE, HEADER_SIZE, Opcode
 from exstill_sdk.protocol.drafts import NO_DRAFT, Draft, Verdict
@@ -67,6 +72,8 @@ class DraftStream:
         self.last_draft = NO_DRAFT
         """The draft a COMMIT judges (none after a prefill or a rollback)."""
         self._resync = False
+        self._tree_commits: set[int] = set()
+        """Request ids of COMMIT_TREE frames sent, whose replies are trees."""
         self.closed = False
 
     def _guard(self) -> None:
@@ -155,14 +162,34 @@ class DraftStream:
         self.last_draft = result
         return result
 
-    def commit(self, verdict: Verdict, next_k: int, timeout: float | None = None) -> Draft:
+    def draft_tree(self, shape: m.TreeRequest, timeout: float | None = None) -> Draft:
+        """Propose a token tree of ``shape`` after the committed context (a card with
+        Features.TREES); a chain-shaped answer comes as a chain (``Draft.parents`` None)."""
+        self._guard()
+        card = self.card
+        card.check_open()
+        rid = card.next_rid()
+        try:
+            frame = m.draft_tree_frame(rid, self.handle, shape)
+        except struct.error:
+            card.forget(rid)
+            raise InvalidArgumentError(f"tree shape out of range: {shape}") from None
+        reply = self._exchange(frame, rid, Opcode.DRAFT_TREE, timeout)
+        result = m.decode_tree_reply(reply[HEADER_SIZE:-CRC_SIZE])
+        self.last_draft = result
+        return result
+
+    def commit(
+        self, verdict: Verdict, next_k: int | m.TreeRequest, timeout: float | None = None
+    ) -> Draft:
         """One verification round: the target's ``verdict`` on the last draft (what it
         accepted, and its own token after that); returns the next draft of up to ``next_k``
-        tokens."""
+        tokens, or a tree of that shape. A tree draft's verdict names its path; such a round
+        (or one asking for a tree) travels as COMMIT_TREE."""
         deadline = time.monotonic() + (timeout or self.card.timeout)  # counted from the send
         return self._commit_reply(self.send_commit(verdict, next_k), verdict, deadline)
 
-    def send_commit(self, verdict: Verdict, next_k: int) -> int:
+    def send_commit(self, verdict: Verdict, next_k: int | m.TreeRequest) -> int:
         """The first half of ``commit``: send the round without waiting for the reply, so that
         several streams' rounds travel together; ``receive_commit`` with the returned request
         id (and the same verdict) completes it."""
@@ -174,8 +201,13 @@ class DraftStream:
             card.check_open()
         rid = card.next_rid()
         try:
-            frame = m.commit_frame(rid, self.handle, verdict, next_k)
-        except struct.error:
+            if isinstance(next_k, int) and self.last_draft.parents is None:
+                frame = m.commit_frame(rid, self.handle, verdict, next_k)
+            else:
+                shape = next_k if isinstance(next_k, m.TreeRequest) else m.TreeRequest(next_k, 1)
+                frame = m.commit_tree_frame(rid, self.handle, verdict, shape)
+                self._tree_commits.add(rid)
+        except (struct.error, ProtocolError):
             card.forget(rid)
             raise InvalidArgumentError(
                 f"the token must be a u32 id and next K 0..255 (got {verdict.token!r}, {next_k!r})"
@@ -194,12 +226,18 @@ class DraftStream:
         return self._commit_reply(rid, verdict, deadline)
 
     def _commit_reply(self, rid: int, verdict: Verdict, deadline: float) -> Draft:
+        tree = rid in self._tree_commits
+        if tree:
+            self._tree_commits.discard(rid)
         try:
-            reply = self.card.receive(rid, Opcode.COMMIT, deadline)
+            reply = self.card.receive(rid, Opcode.COMMIT_TREE if tree else Opcode.COMMIT, deadline)
         except LinkTimeoutError:
             self._resync = True
             raise
-        result = m.parse_draft_reply_frame(reply)
+        if tree:
+            result = m.decode_tree_reply(reply[HEADER_SIZE:-CRC_SIZE])
+        else:
+            result = m.parse_draft_reply_frame(reply)
         self.length += verdict.accepted + 1  # what any draft's verdict keeps: its own token too
         self.last_draft = result
         return result

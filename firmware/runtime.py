@@ -73,6 +73,7 @@ _GUARDED = {
 """Per link kind, the requests that need an authenticated session."""
 _NEEDS_HANDSHAKE = frozenset(
     {Opcode.OPEN, Opcode.CLOSE, Opcode.PREFILL, Opcode.DRAFT, Opcode.COMMIT, Opcode.ROLLBACK}
+    | {Opcode.DRAFT_TREE, Opcode.COMMIT_TREE}
     | STORE_OPCODES
 )
 """Requests a session may make only after its HELLO."""
@@ -137,6 +138,8 @@ class CardRuntime:
             Opcode.DRAFT: service.draft,
             Opcode.COMMIT: self._commit,
             Opcode.ROLLBACK: service.rollback,
+            Opcode.DRAFT_TREE: service.draft_tree,
+            Opcode.COMMIT_TREE: service.commit_tree,
         }
         self.admin_key = admin_key
         self.store = None
@@ -338,7 +341,7 @@ class CardRuntime:
             for e in self.models.values()
             if e.kind == ModelKind.TARGET
         ]
-        features = Features.PIPELINING
+        features = Features.PIPELINING | Features.TREES
         if self.prefetcher:
             features |= Features.PREFETCH
         if self.store is not None:

@@ -22,12 +22,14 @@ from exstill_sdk.errors import (
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import (
     MAX_DIST_ENTRIES,
+    MAX_TREE_NODES,
+    MAX_TREE_TOP_K,
     ErrorCode,
     ModelKind,
     OpenFlags,
     WireMode,
 )
-from exstill_sdk.protocol.drafts import Distribution, kept_wire
+from exstill_sdk.protocol.drafts import Distribution, kept_tree_wire, kept_wire
 
 from .engines import DraftEngine, Sampling
 from .engines.base import Proposal, propose_grouped
@@ -140,7 +142,7 @@ class StreamService:
                 "the prompt was tokenized for another model"
             )
         stream.begin_change()
-        stream.pending = b""
+        stream.pending, stream.pending_parents = b"", None
         stream.state.extend(payload)
         stream.end_change()
         if self.prefetcher is not None:  # take the tokens in while idle: drafting next is quick
@@ -155,7 +157,7 @@ class StreamService:
                 f"cannot roll back to {length}: the stream holds {stream.length} tokens"
             )
         stream.begin_change()
-        stream.pending = b""
+        stream.pending, stream.pending_parents = b"", None
         try:
             stream.state.truncate(length)  # may refuse (long context: evicted tokens)
         finally:
@@ -191,6 +193,10 @@ class StreamService:
                 f"token {bonus} is beyond {stream.engine.name!r}'s vocabulary of {vocab}"
             )
         pending = stream.pending
+        if stream.pending_parents is not None:
+            raise InvalidArgumentError(
+                "the last draft was a token tree: commit it with COMMIT_TREE, naming its path"
+            )
         if accepted << 2 > len(pending):
             raise InvalidArgumentError(
                 f"accepted {accepted} tokens but the last draft had {len(pending) >> 2}"
@@ -230,6 +236,74 @@ class StreamService:
         if defer and next_k:
             return Deferred(stream, next_k)
         return self._draft_reply(stream, next_k)
+
+    # ------------------------------------------------------------ token trees
+
+    def draft_tree(self, session: Session, handle: int, payload: bytes) -> bytes:
+        stream = self.streams.get(session, handle)
+        req = m.decode_tree_request(payload)
+        self._check_tree(stream, req)
+        stream.begin_change()
+        stream.end_change()
+        return self._tree_reply(stream, req)
+
+    def commit_tree(self, session: Session, handle: int, payload: bytes) -> bytes:
+        """A verification round on a tree (or chain) draft: the accepted path and the target's
+        token committed, then the next tree. Nothing changes unless every check passes."""
+        stream = self.streams.get(session, handle)
+        req = m.decode_commit_tree_request(payload)
+        vocab = stream.engine.vocab_size
+        if vocab and req.bonus >= vocab:
+            raise InvalidArgumentError(
+                f"token {req.bonus} is beyond {stream.engine.name!r}'s vocabulary of {vocab}"
+            )
+        count = len(stream.pending) >> 2
+        parents = stream.pending_parents
+        path = bytes(req.path)
+        if parents is None:  # a chain: the path is its accepted prefix
+            ok = path == bytes(range(len(path))) and len(path) <= count
+        else:
+            ok = m.check_path(parents, path)
+        if not ok:
+            raise InvalidArgumentError(
+                f"path {list(req.path)} is not a path of the last draft ({count} tokens) from "
+                "the context"
+            )
+        if req.next.nodes:
+            self._check_tree(stream, req.next)
+        self._check_room(stream, len(path) + 1)
+        t = self.telemetry
+        t.rounds += 1
+        t.accepted_tokens += len(path)
+        committed = kept_tree_wire(stream.pending, path, payload[:4])
+        stream.begin_change()
+        stream.state.extend(committed)
+        stream.end_change()
+        return self._tree_reply(stream, req.next)
+
+    def _check_tree(self, stream: Stream, shape: m.TreeRequest) -> None:
+        if not 1 <= shape.top_k <= MAX_TREE_TOP_K or shape.nodes > MAX_TREE_NODES:
+            raise InvalidArgumentError(
+                f"a tree has 0..{MAX_TREE_NODES} nodes and top-k 1..{MAX_TREE_TOP_K}, not "
+                f"{shape.nodes} and {shape.top_k}",
+                ErrorCode.K_OUT_OF_RANGE,
+            )
+        if not stream.sampling.greedy and shape.top_k > 1:
+            raise InvalidArgumentError(
+                "this card drafts trees for greedy streams only; draft a sampled stream in "
+                "chains (DRAFT, COMMIT) or ask for top-k 1"
+            )
+
+    def _tree_reply(self, stream: Stream, shape: m.TreeRequest) -> bytes:
+        proposal = stream.state.propose_tree(shape) if shape.nodes else None
+        if proposal is None or not proposal.tokens:
+            stream.pending, stream.pending_parents = b"", None
+            return m.tree_reply_payload(False, b"", b"", False)
+        stream.pending, stream.pending_parents = proposal.tokens, proposal.parents
+        t = self.telemetry
+        t.drafts += 1
+        t.draft_tokens += len(proposal.parents)
+        return m.tree_reply_payload(False, proposal.tokens, proposal.parents, proposal.lookup)
 
     def draft_deferred(self, jobs: Sequence[Deferred]) -> list[bytes | Exception]:
         """The deferred drafts, one ``propose_many`` per engine: each job's reply payload, or
@@ -286,7 +360,7 @@ class StreamService:
         draft = tokens[: k << 2]
         guess = tokens[k << 2 : (k << 2) + 4]
         count = len(draft) >> 2
-        stream.pending = draft
+        stream.pending, stream.pending_parents = draft, None
         t = self.telemetry
         if count:
             t.drafts += 1

@@ -62,6 +62,7 @@ class Stream:
         "handle",
         "max_k",
         "pending",
+        "pending_parents",
         "prefetch",
         "prefetch_scheduled",
         "sampling",
@@ -95,6 +96,9 @@ class Stream:
         self.closed = False
         self.pending = b""
         """The last draft's tokens (u32 LE), which a COMMIT accepts a prefix of."""
+        self.pending_parents: bytes | None = None
+        """The last draft's parents (u8 each) when it was a tree (COMMIT_TREE names a path of
+        it); None for a chain."""
         self.prefetch: PrefetchResult | None = None
         self.prefetch_scheduled = False
         self.version = 0

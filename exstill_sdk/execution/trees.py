@@ -53,33 +53,49 @@ class TreeRunner:
             return np.concatenate([first, self._run(row, len(prefix), [], tokens, parents)])
         return self._run(row, start, prefix, tokens, parents)
 
+    def grow(
+        self, row: int, context: int, tokens: Sequence[int], parents: Sequence[int], first: int
+    ) -> np.ndarray:
+        """Add nodes ``first``.. of a tree whose nodes before ``first`` were fed already (by
+        ``run`` or ``grow``, after the same ``context`` cached tokens); logits after each new
+        node. A drafting engine grows its tree a batch of nodes at a time this way."""
+        if context <= 0 or not 0 <= first < len(tokens):
+            raise InvalidArgumentError("a tree grows after cached context, by at least one node")
+        if context + len(tokens) > self.decoder.positions:
+            raise InvalidArgumentError(
+                f"a tree of {len(tokens)} after {context} tokens exceeds the "
+                f"{self.decoder.positions} positions"
+            )
+        return self._run(row, context, [], tokens, parents, first)
+
     def _run(
         self, row: int, start: int, prefix: Sequence[int], tokens: Sequence[int],
-        parents: Sequence[int],
+        parents: Sequence[int], first: int = 0,
     ) -> np.ndarray:  # fmt: skip
         """One run of the tree graph with at least one cached token (``start`` > 0); logits
-        after the prefix's last token (when there is a prefix) and after each node."""
+        after the prefix's last token (when there is a prefix) and after each node from
+        ``first`` on (the nodes before it are cached already, after the context)."""
         d = self.decoder
         p, n = len(prefix), len(tokens)
+        new = n - first
         context = start + p
         total = context + n
-        ids = np.asarray([*prefix, *tokens], np.int64)[None, :]
-        positions = np.concatenate(
-            [np.arange(start, context), context - 1 + np.asarray(depths(parents), np.int64)]
-        ).astype(np.int64)[None, :]
-        bias = np.full((1, 1, p + n, total), -np.inf, np.float32)
+        ids = np.asarray([*prefix, *tokens[first:]], np.int64)[None, :]
+        node_positions = context - 1 + np.asarray(depths(parents)[first:], np.int64)
+        positions = np.concatenate([np.arange(start, context), node_positions])
+        bias = np.full((1, 1, p + new, total), -np.inf, np.float32)
         bias[0, 0, :, :start] = 0
         bias[0, 0, :p, start:context] = np.where(np.tril(np.ones((p, p), bool)), 0, -np.inf)
         bias[0, 0, p:, start:context] = 0
-        bias[0, 0, p:, context:] = np.where(ancestry(parents), 0, -np.inf)
+        bias[0, 0, p:, context:] = np.where(ancestry(parents)[first:], 0, -np.inf)
         io = d.kv_binding(row, row + 1, "tree", self.session)
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
         io.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
-        io.bind_cpu_input("logit_rows", np.arange(max(p - 1, 0), p + n, dtype=np.int64))
-        io.bind_cpu_input("position_ids", positions)
+        io.bind_cpu_input("logit_rows", np.arange(max(p - 1, 0), p + new, dtype=np.int64))
+        io.bind_cpu_input("position_ids", positions.astype(np.int64)[None, :])
         io.bind_cpu_input("attention_bias", bias)
-        logits = np.empty((n + min(p, 1), d.vocab_size), np.float32)
+        logits = np.empty((new + min(p, 1), d.vocab_size), np.float32)
         io.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
         self.session.run_with_iobinding(io)
         return logits

@@ -20,6 +20,12 @@ MAX_NAME = 64
 MAX_ERROR_MESSAGE = 200
 MAX_DIST_ENTRIES = 255
 """Most entries a drafted position's distribution may carry on the wire."""
+MAX_TREE_NODES = 64
+"""Most nodes a token tree may have (DRAFT_TREE, COMMIT_TREE; Features.TREES)."""
+MAX_TREE_TOP_K = 16
+"""Most children a tree node may have."""
+TREE_ROOT = 0xFF
+"""A tree node's parent index on the wire when its parent is the context itself."""
 
 RESPONSE_BIT = 0x80
 """A response's opcode is its request's opcode with this bit set."""
@@ -35,6 +41,11 @@ class Opcode(IntEnum):
     DRAFT = 0x13
     COMMIT = 0x14
     ROLLBACK = 0x15
+    DRAFT_TREE = 0x16
+    """Draft a token tree (Features.TREES): nodes, top-k; the reply is a TREE reply."""
+    COMMIT_TREE = 0x17
+    """A round on a tree (or chain) draft: the accepted path, the target's token, the next
+    tree's shape; the reply is the next TREE reply."""
     UPLOAD_BEGIN = 0x20
     UPLOAD_CHUNK = 0x21
     UPLOAD_END = 0x22
@@ -140,6 +151,8 @@ class Features(IntFlag):
     PIPELINING = 0x02
     IMAGE_STORE = 0x04
     """The card holds flashed images (UPLOAD_*, ACTIVATE, CONFIRM, REVERT, ERASE, LIST_IMAGES)."""
+    TREES = 0x08
+    """The card drafts token trees (DRAFT_TREE, COMMIT_TREE), up to MAX_TREE_NODES nodes."""
 
 
 class ImageState(IntEnum):

@@ -18,13 +18,15 @@ from exstill_sdk.protocol.constants import (
     MAX_DIST_ENTRIES,
     MAX_ERROR_MESSAGE,
     MAX_NAME,
+    MAX_TREE_NODES,
     PROTOCOL_VERSION,
+    TREE_ROOT,
     DraftFlags,
     ErrorCode,
     Opcode,
 )
-from exstill_sdk.protocol.drafts import Distribution, Draft, Verdict
-from exstill_sdk.protocol.frame import seal
+from exstill_sdk.protocol.drafts import Distribution, Draft, Verdict, chain_or_tree, path_ok
+from exstill_sdk.protocol.frame import pack_frame, seal
 
 U8 = struct.Struct("<B")
 U16 = struct.Struct("<H")
@@ -441,6 +443,132 @@ def decode_draft_reply(data: bytes) -> Draft:
     return Draft(
         tokens, bool(flags & DraftFlags.PREFETCH_HIT), dists, bool(flags & DraftFlags.LOOKUP)
     )
+
+
+# ---------------------------------------------------------------- token trees
+
+TREE_REQUEST = struct.Struct("<BBB")  # nodes, top_k, depth
+COMMIT_TREE_HEAD = struct.Struct("<IBBBB")  # bonus, next nodes, top_k, depth, path length
+DRAFT_TREE_FRAME = struct.Struct("<BBHIIBBB")  # header, then nodes, top_k, depth
+
+
+@dataclass(frozen=True)
+class TreeRequest:
+    """A tree's shape: at most ``nodes`` nodes, each with at most ``top_k`` children (1: a
+    chain of ``nodes`` tokens), at most ``depth`` deep (0: as deep as the card likes)."""
+
+    nodes: int
+    top_k: int
+    depth: int = 0
+
+
+def encode_tree_request(m: TreeRequest) -> bytes:
+    try:
+        return TREE_REQUEST.pack(m.nodes, m.top_k, m.depth)
+    except struct.error:
+        raise _bad("tree nodes, top_k and depth must be 0..255") from None
+
+
+def decode_tree_request(data: bytes) -> TreeRequest:
+    if len(data) != TREE_REQUEST.size:
+        raise _bad(f"DRAFT_TREE payload must be {TREE_REQUEST.size} bytes, got {len(data)}")
+    return TreeRequest(*TREE_REQUEST.unpack(data))
+
+
+@dataclass(frozen=True)
+class CommitTreeRequest:
+    path: tuple[int, ...]
+    """The accepted nodes of the last draft, from the context on (a chain's: 0..accepted-1)."""
+    bonus: int
+    next: TreeRequest
+    """The next tree's shape (0 nodes: no next draft)."""
+
+
+def encode_commit_tree_request(m: CommitTreeRequest) -> bytes:
+    n = len(m.path)
+    try:
+        head = COMMIT_TREE_HEAD.pack(m.bonus, m.next.nodes, m.next.top_k, m.next.depth, n)
+        return head + bytes(m.path)
+    except (struct.error, ValueError):
+        raise _bad("commit tree fields out of range") from None
+
+
+def decode_commit_tree_request(data: bytes) -> CommitTreeRequest:
+    try:
+        bonus, nodes, top_k, depth, n = COMMIT_TREE_HEAD.unpack_from(data)
+    except struct.error:
+        raise _bad("COMMIT_TREE payload ends inside its header") from None
+    if len(data) != COMMIT_TREE_HEAD.size + n:
+        raise _bad(f"COMMIT_TREE with a path of {n} must be {COMMIT_TREE_HEAD.size + n} bytes")
+    path = tuple(data[COMMIT_TREE_HEAD.size :])
+    return CommitTreeRequest(path, bonus, TreeRequest(nodes, top_k, depth))
+
+
+def tree_reply_payload(prefetch_hit: bool, draft: bytes, parents: bytes, lookup: bool) -> bytes:
+    """A DRAFT_TREE or COMMIT_TREE reply's payload: flags, count, the tokens (u32 LE, as the
+    card keeps them), then each node's parent (u8; TREE_ROOT for the context)."""
+    flags = (DraftFlags.PREFETCH_HIT if prefetch_hit else 0) | (DraftFlags.LOOKUP if lookup else 0)
+    return DRAFT_REPLY_HEAD.pack(flags, len(parents)) + draft + parents
+
+
+def encode_tree_reply(m: Draft) -> bytes:
+    n = len(m.tokens)
+    parents = m.parents if m.parents is not None else tuple(range(-1, n - 1))
+    if n > MAX_TREE_NODES or len(parents) != n or m.dists is not None:
+        raise _bad(f"a tree has at most {MAX_TREE_NODES} nodes, one parent each, no dists")
+    try:
+        draft = TOKENS[n].pack(*m.tokens)
+        wire = bytes(TREE_ROOT if p < 0 else p for p in parents)
+    except (struct.error, ValueError):
+        raise _bad("token ids must be u32 and parents node indices") from None
+    return tree_reply_payload(m.prefetch_hit, draft, wire, m.lookup)
+
+
+def decode_tree_reply(data: bytes) -> Draft:
+    try:
+        flags, n = DRAFT_REPLY_HEAD.unpack_from(data)
+        tokens = TOKENS[n].unpack_from(data, 2)
+    except struct.error:
+        raise _bad("tree reply ends inside its tokens") from None
+    if flags & ~_PLAIN_DRAFT_FLAGS & 0xFF:
+        raise _bad(f"tree reply has unknown flags 0x{flags:02x}")
+    if n > MAX_TREE_NODES or len(data) != 2 + 5 * n:
+        raise _bad(f"a tree reply of {n} nodes must be {2 + 5 * n} bytes, at most {MAX_TREE_NODES}")
+    wire = data[2 + 4 * n :]
+    parents = tuple(-1 if p == TREE_ROOT else p for p in wire)
+    if any(p >= i for i, p in enumerate(parents)):
+        raise _bad("a tree node's parent must come before it")
+    return Draft(tokens, bool(flags & _HIT), None, bool(flags & _LOOKUP), chain_or_tree(parents))
+
+
+def draft_tree_frame(rid: int, handle: int, shape: TreeRequest) -> bytes:
+    """A DRAFT_TREE frame (struct.error for a field out of range)."""
+    return seal(
+        DRAFT_TREE_FRAME.pack(
+            PROTOCOL_VERSION,
+            Opcode.DRAFT_TREE,
+            rid,
+            handle,
+            TREE_REQUEST.size,
+            shape.nodes,
+            shape.top_k,
+            shape.depth,
+        )
+    )
+
+
+def commit_tree_frame(rid: int, handle: int, verdict: Verdict, shape: TreeRequest) -> bytes:
+    """A COMMIT_TREE frame for ``verdict`` (its path; a chain draft's verdict names its
+    accepted prefix), asking for a next tree of ``shape``."""
+    path = verdict.path or tuple(range(verdict.accepted))
+    payload = encode_commit_tree_request(CommitTreeRequest(path, verdict.token, shape))
+    return pack_frame(Opcode.COMMIT_TREE, rid, handle, payload)
+
+
+def check_path(parents: bytes, path: bytes) -> bool:
+    """Whether ``path`` (u8 node indices) is a path from the context in a tree of wire
+    ``parents`` (u8, TREE_ROOT for the context)."""
+    return path_ok([-1 if p == TREE_ROOT else p for p in parents], list(path))
 
 
 # ---------------------------------------------------------------- ERROR

@@ -13,7 +13,7 @@ from typing import Any
 
 import construct as c
 
-from exstill_sdk.protocol.constants import RESPONSE_BIT, Opcode
+from exstill_sdk.protocol.constants import MAX_TREE_NODES, RESPONSE_BIT, TREE_ROOT, Opcode
 
 Str8 = c.PascalString(c.Int8ul, "utf8")
 
@@ -108,6 +108,36 @@ DRAFT_REPLY = c.Struct(
     c.Terminated,
 )
 
+TREE_REQUEST = c.Struct("nodes" / c.Int8ul, "top_k" / c.Int8ul, "depth" / c.Int8ul, c.Terminated)
+
+COMMIT_TREE_REQUEST = c.Struct(
+    "bonus" / c.Int32ul,
+    "next_nodes" / c.Int8ul,
+    "next_top_k" / c.Int8ul,
+    "next_depth" / c.Int8ul,
+    "length" / c.Int8ul,
+    "path" / c.Array(c.this.length, c.Int8ul),
+    c.Terminated,
+)
+
+TREE_REPLY = c.Struct(
+    "flags"
+    / c.BitStruct(
+        "reserved" / c.Const(0, c.BitsInteger(5)),
+        "lookup" / c.Flag,
+        "has_dist" / c.Const(False, c.Flag),
+        "prefetch_hit" / c.Flag,
+    ),
+    "count" / c.Int8ul,
+    c.Check(c.this.count <= MAX_TREE_NODES),
+    "tokens" / c.Array(c.this.count, c.Int32ul),
+    "parents" / c.Array(c.this.count, c.Int8ul),
+    c.Check(lambda ctx: all(p == TREE_ROOT or p < i for i, p in enumerate(ctx.parents))),
+    c.Terminated,
+)
+"""A token tree: node i's parent is ``parents[i]`` (an earlier node, or TREE_ROOT for the
+context)."""
+
 ERROR_REPLY = c.Struct("code" / c.Int16ul, "message" / c.GreedyString("utf8"), c.Terminated)
 
 PING = c.Struct("data" / c.GreedyBytes)
@@ -122,6 +152,8 @@ REQUEST_PAYLOADS: dict[Opcode, c.Construct] = {
     Opcode.DRAFT: DRAFT_REQUEST,
     Opcode.COMMIT: COMMIT_REQUEST,
     Opcode.ROLLBACK: LENGTH,
+    Opcode.DRAFT_TREE: TREE_REQUEST,
+    Opcode.COMMIT_TREE: COMMIT_TREE_REQUEST,
 }
 
 REPLY_PAYLOADS: dict[Opcode, c.Construct] = {
@@ -134,6 +166,8 @@ REPLY_PAYLOADS: dict[Opcode, c.Construct] = {
     Opcode.DRAFT: DRAFT_REPLY,
     Opcode.COMMIT: DRAFT_REPLY,
     Opcode.ROLLBACK: LENGTH,
+    Opcode.DRAFT_TREE: TREE_REPLY,
+    Opcode.COMMIT_TREE: TREE_REPLY,
     Opcode.ERROR: ERROR_REPLY,
 }
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from exstill_sdk.errors import InvalidArgumentError
-from exstill_sdk.protocol.constants import ModelKind
-from exstill_sdk.protocol.messages import Distribution
+from exstill_sdk.protocol.constants import TREE_ROOT, ModelKind
+from exstill_sdk.protocol.messages import Distribution, TreeRequest
 from exstill_sdk.support.sampling import SamplingParams
 
 
@@ -39,6 +39,19 @@ class Proposal(NamedTuple):
     (DraftFlags.LOOKUP)."""
 
 
+class TreeProposal(NamedTuple):
+    tokens: bytes
+    """Drafted token ids, u32 little-endian, a parent before its children."""
+    parents: bytes
+    """Each node's parent, u8 (TREE_ROOT: the context)."""
+    lookup: bool = False
+
+
+def chain_parents(n: int) -> bytes:
+    """The wire parents of a chain of ``n`` tokens: each node's parent the one before."""
+    return bytes([TREE_ROOT, *range(n - 1)]) if n else b""
+
+
 class EngineState(ABC):
     """One stream's state inside an engine. ``propose`` may run on the prefetch worker while
     the runtime serves other streams; an engine whose ``propose`` writes shared state (the
@@ -62,6 +75,15 @@ class EngineState(ABC):
     def propose(self, k: int, branch: bytes = b"") -> Proposal:
         """Draft up to ``k`` tokens after the context followed by ``branch`` (u32 LE tokens
         not committed yet: the prefetch worker drafts ahead on a guessed outcome)."""
+
+    def propose_tree(self, shape: TreeRequest) -> TreeProposal:
+        """Draft a token tree after the context: up to ``shape.nodes`` nodes, each with at
+        most ``shape.top_k`` children, at most ``shape.depth`` deep (0: no limit). An engine
+        that drafts chains only gives its chain of ``min(nodes, depth)`` tokens, a tree too."""
+        proposal = self.propose(min(shape.nodes, shape.depth or shape.nodes))
+        return TreeProposal(
+            proposal.tokens, chain_parents(len(proposal.tokens) >> 2), proposal.lookup
+        )
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """The stream closed: release what the state holds."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import DraftEngine, EngineState, Proposal, Sampling
+from exstill_sdk.protocol.messages import TreeRequest
+
+from .base import DraftEngine, EngineState, Proposal, Sampling, TreeProposal
 from .lookup import LookupEngine
 
 MIN_N = 3
@@ -44,6 +46,14 @@ class HybridState(EngineState):
 
     def propose(self, k: int, branch: bytes = b"") -> Proposal:
         return self.engine.propose_many([(self, k, branch)])[0]
+
+    def propose_tree(self, shape: TreeRequest) -> TreeProposal:
+        """Lookup's tree (several matches as branches) where the text repeats, else the
+        model's."""
+        found = self.lookup.propose_tree(shape)
+        if found.tokens:
+            return found._replace(lookup=True)
+        return self.model.propose_tree(shape)
 
     def close(self) -> None:
         self.model.close()

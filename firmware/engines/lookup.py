@@ -25,14 +25,19 @@ exactly.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from array import array
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.protocol.constants import TREE_ROOT
+from exstill_sdk.protocol.messages import TreeRequest
 
-from .base import ContextState, DraftEngine, Proposal, Sampling
+from .base import ContextState, DraftEngine, Proposal, Sampling, TreeProposal
 
 LAG = 256
 """Most committed tokens left unindexed: the recent text a round searches directly."""
@@ -140,13 +145,16 @@ class _Chains:
 
     def find(self, c: int, key: bytes | bytearray, context: bytearray) -> int | None:
         """The latest linked position right after ``key``, an n-gram of the c-th n."""
+        return next(self.find_all(c, key, context), None)
+
+    def find_all(self, c: int, key: bytes | bytearray, context: bytearray) -> Iterator[int]:
+        """Every linked position right after ``key``, an n-gram of the c-th n, latest first."""
         prev, w, ns = self.prev, len(key), len(self.ns)
         j = self.head[c * self.size + (_key_hash(key) >> self.shift)]
         while j >= 0:
             if context[4 * j - w : 4 * j] == key:
-                return j
+                yield j
             j = prev[j * ns + c]
-        return None
 
 
 def _by_bucket(buckets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -202,34 +210,94 @@ class LookupState(ContextState):
             self._linked = length
 
     def propose(self, k: int, branch: bytes = b"") -> Proposal:
-        ctx, chains = self.context, self._chains
+        view = self._view(branch)
+        j = next(self._matches(view), None)
+        return Proposal(b"" if j is None else view.follow(j, k))
+
+    def propose_tree(self, shape: TreeRequest) -> TreeProposal:
+        """Several earlier matches as branches: the continuations of the ``top_k`` latest
+        matching positions (longest n-gram first), merged where they agree, laid down a level
+        at a time across them until ``nodes`` nodes (each at most ``depth`` deep)."""
+        view = self._view(b"")
+        depth = min(shape.depth or shape.nodes, shape.nodes)
+        found = itertools.islice(self._matches(view), shape.top_k)
+        paths = [view.follow(j, depth) for j in found]
+        tokens, parents = bytearray(), bytearray()
+        children: dict[tuple[int, bytes], int] = {}
+        ends = [-1] * len(paths)  # each path's node so far
+        for level in range(depth):
+            for i, path in enumerate(paths):
+                token = path[4 * level : 4 * level + 4]
+                if not token or (ends[i] < -1):
+                    ends[i] = -2  # this path ended
+                    continue
+                node = children.get((ends[i], token))
+                if node is None:
+                    if len(parents) == shape.nodes:
+                        return TreeProposal(bytes(tokens), bytes(parents))
+                    node = children[(ends[i], token)] = len(parents)
+                    tokens += token
+                    parents.append(TREE_ROOT if ends[i] < 0 else ends[i])
+                ends[i] = node
+        return TreeProposal(bytes(tokens), bytes(parents))
+
+    def _view(self, branch: bytes) -> _View:
+        ctx = self.context
         n_ctx = len(ctx) >> 2
         linked = min(self._linked, n_ctx)  # the worker may read while a rollback runs
         base = max(0, linked - self.ns[-1])
         # Runs on the prefetch worker too: slices, never a view of the context, whose next
         # append would fail while a view is held.
-        recent = ctx[4 * base : 4 * n_ctx] + branch
+        return _View(ctx, n_ctx, linked, base, ctx[4 * base : 4 * n_ctx] + branch, branch)
+
+    def _matches(self, view: _View) -> Iterator[int]:
+        """The positions after an earlier occurrence of the text's latest n-gram, longest n
+        first, latest first within an n: the recent text, then the chains; each once."""
+        recent, base = view.recent, view.base
         end = len(recent) - 4  # an n-gram followed by a token of context + branch
+        seen: set[int] = set()
         for c in reversed(range(len(self.ns))):
             n = self.ns[c]
             if len(recent) < 4 * n:
                 continue
             key = recent[-4 * n :]
             at = _rfind_aligned(recent, key, end)
-            if at >= 0:
+            while at >= 0:
                 j = base + (at >> 2) + n
-                break
-            found = chains.find(c, key, ctx) if linked > n else None
-            if found is not None:
-                j = found
-                break
-        else:
-            return Proposal(b"")
-        need = 4 * k
-        if j + k <= n_ctx:
-            return Proposal(bytes(ctx[4 * j : 4 * j + need]))
-        src = recent[4 * (j - base) :] if j >= base else ctx[4 * j : 4 * n_ctx] + branch
-        return Proposal(bytes((src * (need // len(src) + 1))[:need]))
+                if j not in seen:
+                    seen.add(j)
+                    yield j
+                at = _rfind_aligned(recent, key, at + len(key) - 4) if at else -1
+            if view.linked > n:
+                for j in self._chains.find_all(c, key, view.context):
+                    if j not in seen:
+                        seen.add(j)
+                        yield j
+
+
+class _View(NamedTuple):
+    """The text a lookup searches: the context, with the newest tokens (from ``base`` on,
+    and any branch drafted ahead on) as one ``recent`` bytes."""
+
+    context: bytearray
+    n_ctx: int
+    linked: int
+    base: int
+    recent: bytes | bytearray
+    branch: bytes
+
+    def follow(self, j: int, k: int) -> bytes:
+        """The ``k`` tokens from position ``j`` on; a match that runs into the text being
+        matched repeats its pattern."""
+        ctx, need = self.context, 4 * k
+        if j + k <= self.n_ctx:
+            return bytes(ctx[4 * j : 4 * j + need])
+        src = (
+            self.recent[4 * (j - self.base) :]
+            if j >= self.base
+            else ctx[4 * j : 4 * self.n_ctx] + self.branch
+        )
+        return bytes((src * (need // len(src) + 1))[:need])
 
 
 class LookupEngine(DraftEngine):

@@ -29,13 +29,14 @@ import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.execution.runner import OnnxDecoder
+from exstill_sdk.execution.trees import TreeRunner
 from exstill_sdk.image.reader import CardImage
 from exstill_sdk.image.rope import inverse_frequencies, rotate
-from exstill_sdk.protocol.constants import ModelKind
-from exstill_sdk.protocol.messages import Distribution
+from exstill_sdk.protocol.constants import TREE_ROOT, ModelKind
+from exstill_sdk.protocol.messages import Distribution, TreeRequest
 from exstill_sdk.support.tokens import common_prefix
 
-from .base import DraftEngine, EngineState, Proposal, Sampling
+from .base import DraftEngine, EngineState, Proposal, Sampling, TreeProposal
 from .sampling import choose
 
 
@@ -71,6 +72,8 @@ class TransformerEngine(DraftEngine):
         self.runner = OnnxDecoder(image, rows, positions, threads)
         self.keys, self.values = self.runner.keys, self.runner.values
         self._free = list(range(rows))
+        self._trees: TreeRunner | None = None
+        """The tree graph's session, made at the first tree drafted."""
         self.lock = threading.RLock()
         """One forward pass at a time; also guards every state's cache bookkeeping."""
 
@@ -91,6 +94,46 @@ class TransformerEngine(DraftEngine):
             self._free.append(row)
 
     # ------------------------------------------------------------------ drafting
+
+    def draft_tree(self, state: TransformerState, shape: TreeRequest) -> TreeProposal:
+        """A greedy stream's token tree, as EAGLE-2 grows one: from the context's distribution
+        its ``top_k`` likeliest tokens; then, a pass per level, the model runs on the level's
+        ``top_k`` best nodes (by cumulative probability, the product along the path) at once,
+        in the tree graph, and their ``top_k`` likeliest children form the next level. The
+        tree is the ``nodes`` best of every node so made; a node's value is at most its
+        parent's, so each one's ancestors are in it. ``depth`` levels cost ``depth - 1``
+        passes of ``top_k`` tokens."""
+        with self.lock:
+            context = bytes(state.tokens)
+            n = len(context) >> 2
+            depth = min(shape.depth or shape.nodes, shape.nodes)
+            if not n or n + depth * shape.top_k > self.positions:
+                return EngineState.propose_tree(state, shape)  # a chain; it checks the room
+            if self._trees is None:
+                self._trees = TreeRunner(self.image, self.runner)
+            valid = min(common_prefix(state.cached, context), n - 1)
+            ids = np.frombuffer(context, "<u4", n - valid, 4 * valid).astype(np.int64)
+            logits = self.runner.prefill(state.row, ids, valid)[-1:]
+            state.cached = bytearray(context)  # the tree's slots after it are scratch
+            grown = _Growth(shape.top_k)
+            grown.offer(-1, logits)
+            fed: list[int] = []  # the nodes fed to the model, in slot order
+            for _ in range(depth - 1):
+                beam = grown.beam()
+                if not beam:
+                    break
+                first = len(fed)
+                fed += beam
+                slot = {node: i for i, node in enumerate(fed)}
+                logits = self._trees.grow(
+                    state.row,
+                    n,
+                    [grown.tokens[i] for i in fed],
+                    [slot.get(grown.parents[i], -1) for i in fed],
+                    first,
+                )
+                grown.offer(beam, logits)
+            return grown.best(shape.nodes)
 
     def propose_many(self, jobs: Sequence[tuple[EngineState, int, bytes]]) -> list[Proposal]:
         with self.lock:
@@ -121,6 +164,49 @@ class TransformerEngine(DraftEngine):
             for p, row_logits in zip(run, logits, strict=True):
                 p.state.cached += struct.pack("<I", p.feed)
                 p.logits = row_logits
+
+
+class _Growth:
+    """A tree being grown (``TransformerEngine.draft_tree``): every node made so far, each with
+    its parent and its value, and the newest level."""
+
+    def __init__(self, top_k: int) -> None:
+        self.top_k = top_k
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.values: list[float] = []
+        self.level: list[int] = []
+
+    def offer(self, parents: int | list[int], logits: np.ndarray) -> None:
+        """The ``top_k`` likeliest children of each of ``parents`` (-1: the context), from
+        their rows of logits; they become the newest level."""
+        rows = [parents] if isinstance(parents, int) else parents
+        z = logits - logits.max(axis=-1, keepdims=True)
+        probs = np.exp(z)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        k = min(self.top_k, probs.shape[-1])
+        top = np.argpartition(-probs, k - 1, axis=-1)[:, :k]
+        self.level = []
+        for parent, row, choice in zip(rows, probs, top, strict=True):
+            base = self.values[parent] if parent >= 0 else 1.0
+            for token in sorted(choice.tolist(), key=lambda t: (-row[t], t)):
+                self.level.append(len(self.tokens))
+                self.tokens.append(token)
+                self.parents.append(parent)
+                self.values.append(base * float(row[token]))
+
+    def beam(self) -> list[int]:
+        """The newest level's ``top_k`` best nodes, to expand next (in the order made)."""
+        ranked = sorted(self.level, key=lambda i: (-self.values[i], i))
+        return sorted(ranked[: self.top_k])
+
+    def best(self, nodes: int) -> TreeProposal:
+        """The ``nodes`` best nodes made, in the order made (a parent before its children),
+        as a proposal."""
+        keep = sorted(sorted(range(len(self.tokens)), key=lambda i: (-self.values[i], i))[:nodes])
+        index = {node: i for i, node in enumerate(keep)}
+        parents = bytes(TREE_ROOT if self.parents[i] < 0 else index[self.parents[i]] for i in keep)
+        return TreeProposal(_pack([self.tokens[i] for i in keep]), parents)
 
 
 @dataclass
@@ -213,6 +299,11 @@ class TransformerState(EngineState):
 
     def propose(self, k: int, branch: bytes = b"") -> Proposal:
         return self.engine.propose_many([(self, k, branch)])[0]
+
+    def propose_tree(self, shape: TreeRequest) -> TreeProposal:
+        if shape.top_k < 2 or not self.sampling.greedy or self.long_context:
+            return super().propose_tree(shape)
+        return self.engine.draft_tree(self, shape)
 
     def close(self) -> None:
         if not self._closed:

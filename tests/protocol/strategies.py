@@ -5,6 +5,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from exstill_sdk.protocol import messages as m
+from exstill_sdk.protocol.constants import MAX_TREE_NODES
+from exstill_sdk.protocol.drafts import chain_or_tree
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
@@ -52,3 +54,18 @@ def draft_replies(draw: st.DrawFn) -> m.Draft:
 
 
 errors = st.builds(m.ErrorReply, u16, st.text(max_size=50).filter(lambda s: len(s.encode()) <= 200))
+
+
+@st.composite
+def tree_replies(draw: st.DrawFn) -> m.Draft:
+    """A DRAFT_TREE / COMMIT_TREE reply as the host reads it: a chain-shaped tree as a chain."""
+    n = draw(st.integers(0, MAX_TREE_NODES))
+    parents = tuple(draw(st.integers(-1, i - 1)) for i in range(n))
+    tokens = tuple(draw(st.lists(u32, min_size=n, max_size=n)))
+    return m.Draft(tokens, draw(st.booleans()), None, draw(st.booleans()), chain_or_tree(parents))
+
+
+tree_requests = st.builds(m.TreeRequest, u8, u8, u8)
+commit_tree_requests = st.builds(
+    m.CommitTreeRequest, st.lists(u8, max_size=64).map(tuple), u32, tree_requests
+)

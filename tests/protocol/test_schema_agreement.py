@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol import schema
-from exstill_sdk.protocol.constants import RESPONSE_BIT, Opcode
+from exstill_sdk.protocol.constants import RESPONSE_BIT, TREE_ROOT, Opcode
 from exstill_sdk.protocol.frame import decode_frame, encode_frame
 
 from .strategies import (
+    commit_tree_requests,
     commits,
     draft_replies,
     errors,
@@ -22,6 +23,8 @@ from .strategies import (
     open_requests,
     stats,
     token_lists,
+    tree_replies,
+    tree_requests,
 )
 
 
@@ -51,6 +54,32 @@ def _draft_dict(r: m.Draft) -> dict:
             {"n": len(d.tokens), "tokens": list(d.tokens), "weights": list(d.weights)}
             for d in r.dists
         ],
+    }
+
+
+def _tree_dict(r: m.Draft) -> dict:
+    parents = r.parents if r.parents is not None else range(-1, len(r.tokens) - 1)
+    return {
+        "flags": {
+            "reserved": 0,
+            "lookup": r.lookup,
+            "has_dist": False,
+            "prefetch_hit": r.prefetch_hit,
+        },
+        "count": len(r.tokens),
+        "tokens": list(r.tokens),
+        "parents": [TREE_ROOT if p < 0 else p for p in parents],
+    }
+
+
+def _commit_tree_dict(c: m.CommitTreeRequest) -> dict:
+    return {
+        "bonus": c.bonus,
+        "next_nodes": c.next.nodes,
+        "next_top_k": c.next.top_k,
+        "next_depth": c.next.depth,
+        "length": len(c.path),
+        "path": list(c.path),
     }
 
 
@@ -99,6 +128,19 @@ CASES = [
     (token_lists, m.encode_tokens, schema.TOKENS, lambda t: {"tokens": list(t)}),
     (st.integers(0, 2**32 - 1), m.encode_u32, schema.LENGTH, lambda n: {"length": n}),
     (st.integers(0, 255), m.encode_u8, schema.DRAFT_REQUEST, lambda k: {"k": k}),
+    (tree_replies(), m.encode_tree_reply, schema.TREE_REPLY, _tree_dict),
+    (
+        tree_requests,
+        m.encode_tree_request,
+        schema.TREE_REQUEST,
+        lambda t: {"nodes": t.nodes, "top_k": t.top_k, "depth": t.depth},
+    ),
+    (
+        commit_tree_requests,
+        m.encode_commit_tree_request,
+        schema.COMMIT_TREE_REQUEST,
+        _commit_tree_dict,
+    ),
 ]
 
 
@@ -269,3 +311,80 @@ def test_the_hosts_draft_reader_accepts_what_the_schema_accepts(raw: bytes, data
     except construct.ConstructError:
         formal_ok = False
     assert host_ok == formal_ok
+
+
+# ---------------------------------------------------------------- token trees
+
+TREE_CODECS = [
+    (m.decode_tree_reply, schema.TREE_REPLY, tree_replies().map(m.encode_tree_reply)),
+    (m.decode_tree_request, schema.TREE_REQUEST, tree_requests.map(m.encode_tree_request)),
+    (
+        m.decode_commit_tree_request,
+        schema.COMMIT_TREE_REQUEST,
+        commit_tree_requests.map(m.encode_commit_tree_request),
+    ),
+]
+
+
+@pytest.mark.parametrize("decode,formal,valid", TREE_CODECS)
+def test_tree_messages_are_accepted_and_rejected_alike(decode, formal, valid) -> None:
+    """Fuzzed tree messages (valid ones with a byte changed, cut or grown, and noise): the
+    struct decoder raises ProtocolError exactly where the schema refuses the bytes."""
+    import construct
+
+    from exstill_sdk import ProtocolError
+
+    @given(st.one_of(st.binary(max_size=120), valid), st.data())
+    def check(raw: bytes, data) -> None:
+        edit = data.draw(st.sampled_from(["none", "byte", "cut", "grow"]))
+        if edit == "byte" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw = raw[:i] + bytes([data.draw(st.integers(0, 255))]) + raw[i + 1 :]
+        elif edit == "cut" and raw:
+            raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+        elif edit == "grow":
+            raw += data.draw(st.binary(min_size=1, max_size=4))
+        try:
+            decoded = decode(raw)
+            struct_ok = True
+        except ProtocolError:
+            struct_ok = False
+        try:
+            formal.parse(raw)
+            formal_ok = True
+        except construct.ConstructError:
+            formal_ok = False
+        assert struct_ok == formal_ok
+        if struct_ok and decode is m.decode_tree_reply:
+            assert m.encode_tree_reply(decoded) == raw  # what is read is what was sent
+
+    check()
+
+
+@given(st.integers(0, 0xFFFF), u32s, tree_requests)
+def test_the_tree_frames_the_host_sends_are_the_formal_ones(
+    rid: int, handle: int, shape: m.TreeRequest
+) -> None:
+    raw = m.draft_tree_frame(rid, handle, shape)
+    built = schema.TREE_REQUEST.build(
+        {"nodes": shape.nodes, "top_k": shape.top_k, "depth": shape.depth}
+    )
+    assert raw == encode_frame(Opcode.DRAFT_TREE, rid, handle, built)
+    path = tuple(range(shape.nodes % 65))
+    raw = m.commit_tree_frame(rid, handle, m.Verdict(len(path), 7, path), shape)
+    payload = schema.COMMIT_TREE_REQUEST.build(
+        _commit_tree_dict(m.CommitTreeRequest(path, 7, shape))
+    )
+    assert raw == encode_frame(Opcode.COMMIT_TREE, rid, handle, payload)
+    # a chain draft's verdict names its accepted prefix as the path
+    assert m.commit_tree_frame(rid, handle, m.Verdict(len(path), 7), shape) == raw
+
+
+@given(tree_replies())
+def test_the_tree_reply_the_card_sends_is_the_formal_one(reply: m.Draft) -> None:
+    draft = b"".join(t.to_bytes(4, "little") for t in reply.tokens)  # as the card keeps it
+    parents = reply.parents if reply.parents is not None else range(-1, len(reply.tokens) - 1)
+    wire = bytes(TREE_ROOT if p < 0 else p for p in parents)
+    raw = m.tree_reply_payload(reply.prefetch_hit, draft, wire, reply.lookup)
+    assert raw == schema.TREE_REPLY.build(_tree_dict(reply))
+    assert m.decode_tree_reply(raw) == reply

@@ -32,7 +32,7 @@ from exstill_sdk.protocol.constants import (
 from exstill_sdk.protocol.drafts import Distribution, kept_tree_wire, kept_wire
 
 from .engines import DraftEngine, Sampling
-from .engines.base import Proposal, propose_grouped
+from .engines.base import Proposal, chain_parents, propose_grouped
 from .engines.hybrid import HybridEngine
 from .prefetch import Prefetcher
 from .streams import Session, Stream, StreamTable
@@ -299,7 +299,9 @@ class StreamService:
         if proposal is None or not proposal.tokens:
             stream.pending, stream.pending_parents = b"", None
             return m.tree_reply_payload(False, b"", b"", False)
-        stream.pending, stream.pending_parents = proposal.tokens, proposal.parents
+        chain = proposal.parents == chain_parents(len(proposal.parents))
+        stream.pending = proposal.tokens
+        stream.pending_parents = None if chain else proposal.parents  # as the host reads it
         t = self.telemetry
         t.drafts += 1
         t.draft_tokens += len(proposal.parents)

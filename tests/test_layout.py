@@ -129,6 +129,7 @@ EMULATOR_STARTERS = {
     "exstill_sdk.transport.usb": "usb:// finds the emulated USB card of the tests' backend",
     "exstill_sdk.cli.emu": "exstill-emu serves the runtime",
     "exstill_sdk.bench.engine.cost": "exstill-bench engine times the card's own engine, no link",
+    "exstill_sdk.bench.decode.trees": "exstill-bench trees grows the card engine's own trees",
 }
 """The only SDK modules that import the firmware, and why."""
 

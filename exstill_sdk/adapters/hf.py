@@ -85,11 +85,14 @@ class HFTarget(TargetAdapter):
         allow[p:, start : start + p] = True
         allow[p:, start + p :] = torch.from_numpy(ancestry(tree.parents))
         positions = [*range(start, start + p), *(start + p - 1 + d for d in depths(tree.parents))]
-        device = self.model.device
+        device, dtype = self.model.device, self.model.dtype
+        # An additive mask (0 or the dtype's lowest): every attention implementation adds a
+        # float mask; eager attention would add a boolean one as 1 and 0, masking nothing.
+        bias = torch.zeros(allow.shape, dtype=dtype).masked_fill(~allow, torch.finfo(dtype).min)
         with torch.no_grad():
             out = self.model(
                 input_ids=torch.tensor([[*prefix, *tree.tokens]], device=device),
-                attention_mask=allow[None, None].to(device),
+                attention_mask=bias[None, None].to(device),
                 position_ids=torch.tensor([positions], device=device),
                 use_cache=True,
                 **{self._cache_argument: cache},

@@ -88,6 +88,7 @@ def _report(result: object) -> str:
     chosen = ", ".join(f"K={k}: {n}" for k, n in sorted(m.k_chosen.items()))
     if 0 in m.k_chosen:
         chosen += "   (K=0: a round of the target alone, the card not asked)"
+    shapes = ", ".join(f"{shape}: {n}" for shape, n in m.shapes_chosen.most_common())
 
     def spread(s: object, unit: str) -> str:
         from exstill_sdk.harness.speedup import Spread
@@ -117,7 +118,9 @@ def _report(result: object) -> str:
         f"acceptance by position {per_pos} (drafts whose i-th token was kept)\n"
         f"prefetch hits {m.prefetch_hits} of {m.rounds} rounds: next draft made while the "
         "target verified\n"
-        f"K chosen      {chosen}"
+        f"K chosen      {chosen}\n"
+        f"shape chosen  {shapes or 'chains only'} (rounds; a tree runs where it gave more "
+        "tokens a second than the chain)"
     )
 
 

@@ -152,6 +152,8 @@ class SpeedupRun:
             "prefetch_hits": m.prefetch_hits,
             "rounds": m.rounds,
             "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
+            "tree_rounds": m.tree_rounds,
+            "shapes_chosen": dict(m.shapes_chosen.most_common()),
             "time_share": self.time_share,
             "verify_us": self.verify_us,
             "verify_cost_steps": self.verify_steps,

@@ -36,8 +36,9 @@ from exstill_sdk.errors import (
     UnknownModelError,
 )
 from exstill_sdk.interface import CardInterface
-from exstill_sdk.protocol.constants import WireMode
+from exstill_sdk.protocol.constants import Features, WireMode
 from exstill_sdk.protocol.drafts import NO_DRAFT, Draft, Verdict
+from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative.acceptance import (
     verify_greedy,
     verify_tokens_only,
@@ -49,7 +50,9 @@ from exstill_sdk.speculative.batch_k import BatchK
 from exstill_sdk.speculative.metrics import SpecMetrics
 from exstill_sdk.speculative.rounds import CatchUp, Commit, KPlanner, PolicyPlanner, exchange
 from exstill_sdk.speculative.sampling import SamplingParams, target_probs
+from exstill_sdk.speculative.shapes import TreeChooser
 from exstill_sdk.speculative.timing import PassClock
+from exstill_sdk.speculative.trees import TokenTree, verify_tree_greedy
 from exstill_sdk.stream import DraftStream
 
 FinishReason = Literal["stop", "length"]
@@ -58,6 +61,9 @@ RECONNECT_PAUSE = 0.2
 SYNC_EVERY = 128
 """While K = 0, the tokens the card has not seen go to it this many at a time, without waiting:
 the card takes them in on its own time, so that drafting again costs one short round."""
+DEFAULT_TREES = (TreeRequest(6, 2, 4), TreeRequest(8, 2, 6), TreeRequest(12, 3, 6))
+"""The trees ``trees="auto"`` measures against the chain (nodes, top-k, depth)."""
+TreesOption = Literal["auto", "off"] | TreeRequest | Sequence[TreeRequest]
 
 
 @dataclass
@@ -96,6 +102,11 @@ class _Sequence:
     """The draft the target verifies next (NO_DRAFT: a round of the target alone)."""
     sync_rid: int | None = None
     """A PREFILL sent without waiting (state BEHIND), whose reply is still to be read."""
+    round_tokens: int = 0
+    """Tokens the last round emitted."""
+    asked: TreeRequest | None = None
+    """The tree shape ``draft`` was asked as (the card may answer a tree request with a chain,
+    longer than any K); None for a chain's K."""
     finish: FinishReason | None = None
     started: float = 0.0
     finished: bool = False
@@ -108,6 +119,13 @@ class SpeculativeDecoder:
     target's); without it, the card's built-in ``engine`` (prompt lookup by default) drafts.
     ``k`` is a fixed draft length, ``"adaptive"`` (see exstill_sdk.speculative.adaptive), or a
     ``KPolicy`` of the caller's, which then chooses K for rounds of one sequence.
+
+    ``trees``: where trees can run (greedy decoding, a target that scores trees, a card with
+    Features.TREES, one sequence at a time: a tree is scored alone, not batched with other
+    sequences), ``"auto"`` measures the chain against ``DEFAULT_TREES`` and drafts the shape
+    that gives the most tokens a second (``TreeChooser``); a ``TreeRequest`` (or several) fixes
+    the tree (or the candidates); ``"off"`` drafts chains only. ``tree_note`` says why trees
+    do not run where they do not.
     """
 
     def __init__(
@@ -122,6 +140,7 @@ class SpeculativeDecoder:
         max_k: int = 8,
         wire_mode: WireMode = WireMode.DIST,
         long_context: bool = False,
+        trees: TreesOption = "auto",
     ) -> None:
         self.card = card
         self.target = target
@@ -166,6 +185,34 @@ class SpeculativeDecoder:
         self.reconnects = 0
         """Times the decoder re-established the card link and re-opened its streams."""
         self._next_index = 0
+        self.tree_note = ""
+        self._trees = self._tree_chooser(trees)
+        self._arm: tuple[int, int, float] | None = None
+        """The last single-sequence round's shape: (sequence, arm, when it was chosen)."""
+
+    def _tree_chooser(self, trees: TreesOption) -> TreeChooser | None:
+        if trees == "off":
+            self.tree_note = "trees off"
+            return None
+        if trees == "auto":
+            candidates: Sequence[TreeRequest] = DEFAULT_TREES
+        elif isinstance(trees, TreeRequest):
+            candidates = [trees]
+        elif not isinstance(trees, str) and all(isinstance(t, TreeRequest) for t in trees):
+            candidates = list(trees)
+        else:
+            raise InvalidArgumentError(
+                f"trees must be 'auto', 'off', a TreeRequest or a list of them, not {trees!r}"
+            )
+        if not self.sampling.greedy:
+            self.tree_note = "chains only: trees are drafted for greedy decoding"
+        elif not self.target.supports_trees:
+            self.tree_note = f"chains only: {type(self.target).__name__} does not score trees"
+        elif not self.card.info().features & Features.TREES:
+            self.tree_note = "chains only: the card does not draft trees"
+        if self.tree_note:
+            return None
+        return TreeChooser(candidates, fixed=isinstance(trees, TreeRequest))
 
     def _check_target(self, name: str) -> None:
         info = {t.name: t for t in self.card.info().targets}.get(name)
@@ -321,17 +368,24 @@ class SpeculativeDecoder:
         if planner is not self._planner:
             self._clock.reset()
             self._planner = planner
-        steady = all(s.metrics.rounds for s in active)  # no prompt in this pass
-        self._clock.begin_pass(sum(len(s.draft.tokens) + 1 for s in active))
-        all_logits = self.target.verify_batch([(s.index, s.tokens, s.draft.tokens) for s in active])
-        timing = self._clock.end_pass(steady)
-        planner.observe_pass(timing)
-        each = timing.pass_s / len(active)
+        if any(s.asked is not None for s in active):
+            all_logits, each = self._verify_with_trees(active)
+        else:
+            steady = all(s.metrics.rounds for s in active)  # no prompt in this pass
+            self._clock.begin_pass(sum(len(s.draft.tokens) + 1 for s in active))
+            all_logits = self.target.verify_batch(
+                [(s.index, s.tokens, s.draft.tokens) for s in active]
+            )
+            timing = self._clock.end_pass(steady)
+            planner.observe_pass(timing)
+            each = timing.pass_s / len(active)
         going: list[tuple[_Sequence, Verdict]] = []
         for s, logits in zip(active, all_logits, strict=True):
-            verdict = self._accept(s, logits)
+            tree = s.draft.parents is not None
+            verdict = self._accept_tree(s, logits) if tree else self._accept(s, logits)
             emitted = self._emit(s, verdict, each)
-            planner.observe_round(s.index, len(s.draft.tokens), verdict.accepted)
+            if s.asked is None:  # the chain planner learns from the chains of its K
+                planner.observe_round(s.index, len(s.draft.tokens), verdict.accepted)
             yield s, emitted
             if s.finish is None:
                 going.append((s, verdict))
@@ -343,20 +397,62 @@ class SpeculativeDecoder:
             return True
         return False
 
+    def _verify_with_trees(self, active: list[_Sequence]) -> tuple[list[np.ndarray], float]:
+        """A round in which some drafts were asked as trees: the chains in one batch, each tree
+        in a pass of its own; the chain planner's clock does not time it."""
+        self._clock.reset()
+        t0 = time.perf_counter()
+        chains = [s for s in active if s.draft.parents is None]
+        out: dict[int, np.ndarray] = {}
+        if chains:
+            batch = [(s.index, s.tokens, s.draft.tokens) for s in chains]
+            out = dict(zip([s.index for s in chains], self.target.verify_batch(batch), strict=True))
+        for s in active:
+            if s.draft.parents is not None:
+                tree = TokenTree(s.draft.tokens, s.draft.parents)
+                out[s.index] = self.target.verify_tree(s.index, s.tokens, tree)
+        return [out[s.index] for s in active], (time.perf_counter() - t0) / len(active)
+
+    def _shape(self, s: _Sequence, k: int) -> int | TreeRequest:
+        """A lone sequence's next draft: the chain of ``k`` or a tree (``TreeChooser``), and
+        the last round's tokens a second go to the shape that drafted it."""
+        chooser, now = self._trees, time.perf_counter()
+        assert chooser is not None
+        if self._arm is not None and self._arm[0] == s.index:
+            chooser.observe(self._arm[1], s.round_tokens, now - self._arm[2])
+        self._arm = None
+        if not k:
+            return k
+        arm = chooser.choose()
+        shape = chooser.arms[arm]
+        if shape is not None and not self._tree_fits(s, shape):
+            return k
+        self._arm = (s.index, arm, now)
+        s.metrics.shapes_chosen[chooser.describe(arm)] += 1
+        return k if shape is None else shape
+
     def _next_drafts(self, going: list[tuple[_Sequence, Verdict]], planner: KPlanner) -> None:
-        """Choose the sequences' next K together and bring the card along: COMMITs for the
-        streams in step (sent together), catch-ups for the rest, no card round at K = 0."""
+        """Choose the sequences' next K together (for a lone sequence, perhaps a tree instead)
+        and bring the card along: COMMITs for the streams in step (sent together), catch-ups
+        for the rest, no card round at K = 0."""
         seqs = [s for s, _ in going]
         ks = planner.choose([s.index for s in seqs], [self._limit(s) for s in seqs])
+        shapes: list[int | TreeRequest] = list(ks)
+        if self._trees is not None and len(going) == 1:
+            shapes[0] = self._shape(seqs[0], ks[0])
+        else:
+            self._arm = None
         steps: list[Commit | CatchUp] = []
         owners: list[_Sequence] = []
-        for (s, verdict), k in zip(going, ks, strict=True):
-            s.metrics.k_chosen[k] += 1
-            s.draft = NO_DRAFT
+        for (s, verdict), k in zip(going, shapes, strict=True):
+            if isinstance(k, int):
+                s.metrics.k_chosen[k] += 1
+            s.draft, s.asked = NO_DRAFT, None
             step = self._card_step(s, verdict, k)
             if step is not None:
                 steps.append(step)
                 owners.append(s)
+                s.asked = k if isinstance(k, TreeRequest) else None
         t0 = time.perf_counter()
         results = exchange(self.card, steps) if steps else []
         card_s = time.perf_counter() - t0
@@ -368,9 +464,12 @@ class SpeculativeDecoder:
         for s in seqs:
             s.metrics.card_wait_s += card_s / len(seqs)
         catch_up = any(isinstance(step, CatchUp) for step in steps)
-        self._clock.card(card_s, None if catch_up else sum(ks))
+        trees = any(isinstance(k, TreeRequest) for k in shapes)
+        self._clock.card(card_s, None if catch_up or trees else sum(ks))
 
-    def _card_step(self, s: _Sequence, verdict: Verdict, k: int) -> Commit | CatchUp | None:
+    def _card_step(
+        self, s: _Sequence, verdict: Verdict, k: int | TreeRequest
+    ) -> Commit | CatchUp | None:
         """What the card must do for the sequence's next draft of ``k`` tokens; None when
         nothing is drafted (K = 0 is a round of the target alone: no card round at all; the
         card catches up when drafting pays again)."""
@@ -395,6 +494,16 @@ class SpeculativeDecoder:
             return Commit(stream, verdict, k)  # the one round trip of a round
         self._settle_sync(s)
         return CatchUp(stream, s.tokens[stream.length :], k)
+
+    def _tree_fits(self, s: _Sequence, shape: TreeRequest) -> bool:
+        """Whether the budget, the card's slot and the target have room for the tree (near the
+        end of a sequence they may not)."""
+        depth = min(shape.depth or shape.nodes, shape.nodes)
+        room = s.max_new_tokens - len(s.generated) - 1
+        if s.stream is not None and not self.long_context:
+            room = min(room, s.stream.capacity - s.stream.length - 1)
+        positions = self.target.max_positions
+        return room >= depth and (not positions or len(s.tokens) + shape.nodes < positions)
 
     def _limit(self, s: _Sequence) -> int:
         """The largest useful K: the card's, the budget's and the slot's."""
@@ -430,7 +539,7 @@ class SpeculativeDecoder:
         t0 = s.started = s.started or time.perf_counter()
         k = self._policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
-        s.stream, s.card, s.draft = None, CardState.NONE, NO_DRAFT
+        s.stream, s.card, s.draft, s.asked = None, CardState.NONE, NO_DRAFT, None
         if k:
             try:
                 stream = self._open(s)
@@ -463,6 +572,21 @@ class SpeculativeDecoder:
             return verify_with_distributions(draft.tokens, draft.dists, p, s.rng)
         return verify_tokens_only(draft.tokens, p, s.rng)
 
+    def _accept_tree(self, s: _Sequence, logits: np.ndarray) -> Verdict:
+        """The target's greedy verdict on the sequence's tree draft; its cache keeps the path."""
+        draft = s.draft
+        assert draft.parents is not None
+        logits = np.asarray(logits)
+        if logits.shape != (len(draft.tokens) + 1, self.target.vocab_size):
+            raise TargetOutputError(
+                f"target returned tree logits of shape {logits.shape}; expected "
+                f"({len(draft.tokens) + 1}, {self.target.vocab_size})"
+            )
+        tree = TokenTree(draft.tokens, draft.parents)
+        nodes, token = verify_tree_greedy(tree, logits)
+        self.target.keep_path(s.index, tree, nodes)
+        return Verdict(len(nodes), token, tuple(nodes))
+
     def _emit(self, s: _Sequence, verdict: Verdict, verify_s: float) -> list[int]:
         """The round's tokens, cut at a stop token or the budget; the target and the
         sequence move on by them."""
@@ -478,7 +602,10 @@ class SpeculativeDecoder:
         self.target.rollback(s.index, len(s.tokens) + verdict.accepted)
         s.tokens += emitted
         s.generated += emitted
-        s.metrics.record_round(len(s.draft.tokens), verdict.accepted, len(emitted))
+        s.metrics.record_round(
+            len(s.draft.tokens), verdict.accepted, len(emitted), s.asked is not None
+        )
+        s.round_tokens = len(emitted)
         s.metrics.verify_s += verify_s
         return emitted
 
@@ -490,6 +617,7 @@ class SpeculativeDecoder:
         target = self.target
         verify_s, done = 0.0, 0
         verdict = Verdict(0, 0)
+        self._arm = None
         started = time.perf_counter()
         for _ in range(rounds):
             t0 = time.perf_counter()

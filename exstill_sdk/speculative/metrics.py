@@ -34,6 +34,11 @@ class SpecMetrics:
     verify_s: float = 0.0
     total_s: float = 0.0
     k_chosen: Counter[int] = field(default_factory=Counter)
+    tree_rounds: int = 0
+    """Rounds whose draft was a token tree (counted in ``num_drafts``, its nodes in
+    ``num_draft_tokens``, its kept path in ``num_accepted_tokens``; not per position)."""
+    shapes_chosen: Counter[str] = field(default_factory=Counter)
+    """Rounds per draft shape, when trees were in play ("chain", "tree of N (top-k, depth D)")."""
 
     def __post_init__(self) -> None:
         if not self.num_accepted_tokens_per_pos:
@@ -41,10 +46,16 @@ class SpecMetrics:
         if not self.num_drafts_per_pos:
             self.num_drafts_per_pos = [0] * self.max_k
 
-    def record_round(self, k: int, accepted: int, emitted: int) -> None:
+    def record_round(self, k: int, accepted: int, emitted: int, tree: bool = False) -> None:
+        """A round with a draft of ``k`` tokens (a tree's nodes, with ``tree``)."""
         self.rounds += 1
         self.emitted_tokens += emitted
-        if k:
+        if tree:
+            self.tree_rounds += 1
+            self.num_drafts += 1
+            self.num_draft_tokens += k
+            self.num_accepted_tokens += accepted
+        elif k:
             self.num_drafts += 1
             self.num_draft_tokens += k
             self.num_accepted_tokens += accepted
@@ -92,6 +103,7 @@ class SpecMetrics:
             "card_wait_s",
             "verify_s",
             "total_s",
+            "tree_rounds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for i, v in enumerate(other.num_accepted_tokens_per_pos):
@@ -99,6 +111,7 @@ class SpecMetrics:
         for i, v in enumerate(other.num_drafts_per_pos):
             self.num_drafts_per_pos[i] += v
         self.k_chosen.update(other.k_chosen)
+        self.shapes_chosen.update(other.shapes_chosen)
 
     def to_dict(self) -> dict[str, Any]:
         per_pos = self.num_accepted_tokens_per_pos
@@ -122,4 +135,6 @@ class SpecMetrics:
                 "total": round(self.total_s, 6),
             },
             "k_chosen": dict(sorted(self.k_chosen.items())),
+            "tree_rounds": self.tree_rounds,
+            "shapes_chosen": dict(self.shapes_chosen.most_common()),
         }

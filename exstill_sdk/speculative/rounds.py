@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 from exstill_sdk.errors import DeviceLostError, ExstillError
 from exstill_sdk.interface import CardInterface
 from exstill_sdk.protocol.drafts import Draft, Verdict
+from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative.adaptive import KPolicy
 from exstill_sdk.speculative.timing import PassTiming
 from exstill_sdk.stream import DraftStream
@@ -82,7 +83,8 @@ class Commit(NamedTuple):
 
     stream: DraftStream
     verdict: Verdict
-    next_k: int
+    next_k: int | TreeRequest
+    """The next draft: a chain of up to this many tokens, or a tree of this shape."""
 
 
 class CatchUp(NamedTuple):
@@ -90,7 +92,7 @@ class CatchUp(NamedTuple):
 
     stream: DraftStream
     tokens: Sequence[int]
-    next_k: int
+    next_k: int | TreeRequest
 
 
 def exchange(card: CardInterface, steps: Sequence[Commit | CatchUp]) -> list[Draft | ExstillError]:
@@ -106,7 +108,8 @@ def exchange(card: CardInterface, steps: Sequence[Commit | CatchUp]) -> list[Dra
         try:
             if step.tokens:
                 step.stream.prefill(list(step.tokens))
-            out[i] = step.stream.draft(step.next_k)
+            nxt = step.next_k
+            out[i] = step.stream.draft(nxt) if isinstance(nxt, int) else step.stream.draft_tree(nxt)
         except DeviceLostError:
             raise
         except ExstillError as exc:

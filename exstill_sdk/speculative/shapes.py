@@ -10,9 +10,12 @@ beats every chain.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from exstill_sdk.protocol.messages import TreeRequest
 
 
 @dataclass(frozen=True)
@@ -46,3 +49,89 @@ def choose_shape(kept: Mapping[Shape, float], steps: Callable[[int], float]) -> 
 
     best = max(kept, key=score)
     return best, speedup_limit(kept[best], best.drafted + 1, steps)
+
+
+class TreeChooser:
+    """Which shape one sequence's next round drafts: the chain (of the K its policy chooses)
+    or one of the candidate trees, by the tokens a second each has given in its latest rounds.
+
+    A tree's worth cannot be read off the chain's rounds (the card sends the tokens it drafted,
+    not how the target ranked the others), and what a tree round costs is not a chain round's:
+    the card drafts it level by level while the target waits (a chain is drafted ahead during
+    the target's pass) and the target scores it alone. So each shape is measured where it runs.
+    The chain runs ``warmup`` rounds first (its K policy learns); a tree is tried only while it
+    could keep more than the chain's rounds do (its depth + 1 above their mean tokens: a chain
+    the target takes whole leaves a tree nothing to win); each such tree gets ``probe`` rounds,
+    then the best by tokens a second runs, and every ``reprobe`` rounds the shape measured
+    longest ago gets one round, so that a change in the text (or the load) is seen. A tree
+    must beat the chain by ``margin`` to be chosen. ``fixed``: the one candidate every round
+    (a benchmark's fixed shape).
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[TreeRequest],
+        probe: int = 2,
+        window: int = 16,
+        warmup: int = 4,
+        reprobe: int = 32,
+        margin: float = 1.03,
+        fixed: bool = False,
+    ) -> None:
+        if fixed and len(candidates) != 1:
+            raise ValueError("a fixed shape is one candidate")
+        self.fixed = fixed
+        self.arms: list[TreeRequest | None] = [None, *candidates]
+        self.probe = probe
+        self.warmup = warmup
+        self.reprobe = reprobe
+        self.margin = margin
+        self._seen: dict[int, deque[tuple[int, float]]] = {
+            i: deque(maxlen=window) for i in range(len(self.arms))
+        }
+        self._last: dict[int, int] = {}
+        self._rounds = 0
+
+    def rate(self, arm: int) -> float | None:
+        """Tokens a second in the arm's latest rounds; None before any."""
+        seen = self._seen[arm]
+        seconds = sum(s for _, s in seen)
+        return sum(t for t, _ in seen) / seconds if seen and seconds > 0 else None
+
+    def _eligible(self) -> list[int]:
+        """The trees that could keep more a round than the chain's latest rounds did."""
+        chain = self._seen[0]
+        kept = sum(t for t, _ in chain) / len(chain)
+        return [arm for arm in range(1, len(self.arms)) if self.arms[arm].depth + 1 > kept]  # type: ignore[union-attr]
+
+    def choose(self) -> int:
+        """The arm (index into ``arms``; 0 the chain) of the next round."""
+        self._rounds += 1
+        if self.fixed:
+            return 1
+        if len(self._seen[0]) < self.warmup:
+            return 0
+        trees = self._eligible()
+        for arm in trees:
+            if len(self._seen[arm]) < self.probe:
+                return arm
+        if self._rounds % self.reprobe == 0:
+            return min([0, *trees], key=lambda arm: self._last.get(arm, -1))
+        return self.best(trees)
+
+    def best(self, trees: list[int]) -> int:
+        rates = {arm: self.rate(arm) or 0.0 for arm in [0, *trees]}
+        tree = max(trees, key=lambda arm: rates[arm], default=0)
+        return tree if tree and rates[tree] > rates[0] * self.margin else 0
+
+    def observe(self, arm: int, tokens: int, seconds: float) -> None:
+        """A round of ``arm`` gave ``tokens`` tokens in ``seconds`` (its pass, its card
+        work and the host's round)."""
+        self._seen[arm].append((tokens, seconds))
+        self._last[arm] = self._rounds
+
+    def describe(self, arm: int) -> str:
+        shape = self.arms[arm]
+        if shape is None:
+            return "chain"
+        return f"tree of {shape.nodes} (top-{shape.top_k}, depth {shape.depth})"

@@ -19,7 +19,7 @@ from exstill_sdk.speculative.trees import (  # noqa: E402
 )
 
 
-def llama(seed: int) -> object:
+def llama(seed: int, attention: str = "sdpa") -> object:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
         vocab_size=96,
@@ -29,13 +29,16 @@ def llama(seed: int) -> object:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
+        attn_implementation=attention,
     )
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.fixture(scope="module")
-def target() -> HFTarget:
-    return HFTarget(llama(0))
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def target(request: pytest.FixtureRequest) -> HFTarget:
+    """Both attention implementations: each takes the tree's 4-D mask its own way (eager
+    attention once took a boolean mask as 1 and 0, masking nothing)."""
+    return HFTarget(llama(0, request.param))
 
 
 TREE = TokenTree((3, 4, 6, 8, 9, 11, 12), (ROOT, ROOT, 0, 1, 1, 4, 0))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+from exstill_sdk.speculative.decoder import DEFAULT_TREES
+
 from .helpers import script, start_emu
 
 
@@ -255,3 +257,47 @@ def test_trees_bench_sets_trees_beside_the_chain() -> None:
     assert text.returncode == 0 and text.stdout.splitlines()[1].split()[:2] == ["budget", "chain"]
     refused = trees("--budgets", "1")
     assert refused.returncode == 2 and "--budgets wants 2 or more" in refused.stderr
+
+
+def test_shapes_bench_runs_every_way_exactly() -> None:
+    """One user on the small demo target: every way's speed-up, auto's shapes, exact output
+    (the figures themselves are not judged here)."""
+    out = subprocess.run(
+        [
+            script("exstill-bench"),
+            "shapes",
+            "--target",
+            "small",
+            "--prompts",
+            "1",
+            "--new-tokens",
+            "40",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["exact"] is True and result["prompts"] == 2
+    ways = [row["way"] for row in result["rows"]]
+    assert ways[:4] == ["chain, adaptive K", "chain, K=4", "chain, K=8", "chain, K=16"]
+    assert "auto (adaptive K, trees where they pay)" in ways
+    assert any(way.startswith("tree of 8 (top-2, depth 6)") for way in ways)
+    assert result["best_chain"].startswith("chain")
+    for row in result["rows"]:
+        assert len(row["speedup_by_prompt"]) == 2 and row["speedup_median"] > 0
+        assert 1 <= row["mean_acceptance_length"] <= 17
+    # auto's rounds, by shape: the chain or one of the decoder's candidate trees
+    names = {"chain"} | {
+        f"tree of {t.nodes} (top-{t.top_k}, depth {t.depth})" for t in DEFAULT_TREES
+    }
+    for chosen in result["auto_shapes_chosen"].values():
+        assert set(chosen) <= names and all(n > 0 for n in chosen.values())
+    refused = subprocess.run(
+        [script("exstill-bench"), "shapes", "--repeats", "0"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--repeats" in refused.stderr

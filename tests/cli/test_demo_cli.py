@@ -47,7 +47,10 @@ def test_the_large_target_by_default_with_what_bounds_the_figure(demo_cache: Pat
     speedup = result["speedup"]
     assert speedup["min"] <= speedup["median"] <= speedup["max"]
     assert result["mean_acceptance_length"] > 1.5  # the draft was distilled from this target
-    assert sum(result["k_chosen"].values()) == result["rounds"]
+    # every round drafted a chain of a chosen K or a tree of a chosen shape
+    assert sum(result["k_chosen"].values()) + result["tree_rounds"] == result["rounds"]
+    trees = sum(n for shape, n in result["shapes_chosen"].items() if shape != "chain")
+    assert trees >= result["tree_rounds"]
     assert abs(sum(result["time_share"].values()) - 1) < 0.01
 
 
@@ -56,10 +59,17 @@ def test_text_mode_shows_prompt_separator_continuation_then_figures() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("import os" + SEPARATOR)
     assert "identical output: yes (24 tokens, every run)" in out.stdout
-    for label in ("speed-up", "verify cost", "pair's limit", "efficiency", "target alone"):
+    for label in (
+        "speed-up",
+        "verify cost",
+        "pair's limit",
+        "efficiency",
+        "target alone",
+        "shape chosen",
+    ):
         assert f"\n{label}" in out.stdout, label
-    chosen = out.stdout.splitlines()[-1]  # the last round may be shortened by the budget
-    assert chosen.startswith("K chosen") and "K=4:" in chosen and "K=5" not in chosen
+    chosen = next(line for line in out.stdout.splitlines() if line.startswith("K chosen"))
+    assert "K=4:" in chosen and "K=5" not in chosen
 
 
 def test_the_demo_says_what_is_under_way_and_its_text_does_not_dwell_on_one_line() -> None:

@@ -14,7 +14,10 @@ torch = pytest.importorskip("torch")
 from exstill_firmware import CardRuntime  # noqa: E402
 from exstill_firmware.engines.base import Sampling  # noqa: E402
 from exstill_firmware.engines.lookup import LookupEngine  # noqa: E402
-from exstill_firmware.engines.transformer import TransformerEngine  # noqa: E402
+from exstill_firmware.engines.transformer import (  # noqa: E402
+    RANK_TEMPERATURE,
+    TransformerEngine,
+)
 
 from exstill_sdk.card import Card  # noqa: E402
 from exstill_sdk.errors import InvalidArgumentError  # noqa: E402
@@ -36,13 +39,14 @@ def grown_tree(
 ) -> tuple[list[int], list[int]]:
     """EAGLE-2's growth (TransformerEngine.draft_tree) from HF's logits, path by path: levels
     of each expanded node's top-k children, the top-k best of a level expanded, the ``nodes``
-    best of all kept; (tokens, parents) in the order made."""
+    best of all kept, ranked by the product of the sharpened probabilities along the path;
+    (tokens, parents) in the order made."""
     made: list[tuple[int, int, float, list[int]]] = []  # token, parent, value, path
 
     def children(parent: int) -> list[int]:
         path = made[parent][3] if parent >= 0 else []
         logits = hf_logits(model, context + path)[-1].astype(np.float64)
-        probs = np.exp(logits - logits.max())
+        probs = np.exp((logits - logits.max()) / RANK_TEMPERATURE)
         probs /= probs.sum()
         base = made[parent][2] if parent >= 0 else 1.0
         out = []

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.protocol.messages import Distribution
 from exstill_sdk.speculative.acceptance import (
     verify_greedy,
@@ -32,9 +33,9 @@ def run_round(
         weights = np.array(d.weights, float)
         draft.append(int(rng.choice(d.tokens, p=weights / weights.sum())))
     if mode == "dist":
-        n, token = verify_with_distributions(draft, dists[:k], p, rng)
+        n, token, _ = verify_with_distributions(draft, dists[:k], p, rng)
     else:
-        n, token = verify_tokens_only(draft, p, rng)
+        n, token, _ = verify_tokens_only(draft, p, rng)
     return [*draft[:n], token]
 
 
@@ -97,9 +98,9 @@ def test_first_token_follows_the_shaped_target(params: SamplingParams, mode: str
 
 def test_greedy_rule() -> None:
     logits = np.eye(5)[[1, 2, 3, 4]]  # argmax 1, 2, 3, 4
-    assert verify_greedy([1, 2, 0], logits) == (2, 3)
-    assert verify_greedy([1, 2, 3], logits) == (3, 4)
-    assert verify_greedy([], logits[:1]) == (0, 1)
+    assert verify_greedy([1, 2, 0], logits) == Verdict(2, 3)
+    assert verify_greedy([1, 2, 3], logits) == Verdict(3, 4)
+    assert verify_greedy([], logits[:1]) == Verdict(0, 1)
 
 
 def test_target_probs_shaping() -> None:

@@ -131,7 +131,9 @@ def test_switching_between_k_zero_and_drafting_stays_exact(
     schedule = [0] * 5 + [4] * 6 + [0] * 300 + [3] * 8 + [0] * 20 + [5] * 50
     reference = small.greedy(prompt, 400)
     with open_card(emulator_url()) as card:
-        decoder = SpeculativeDecoder(card, small, draft=DRAFT_TARGET, k=ScriptedK(schedule))
+        decoder = SpeculativeDecoder(
+            card, small, draft=DRAFT_TARGET, k=ScriptedK(schedule), trees="off"
+        )
         result = decoder.generate(prompt, 400, stop_token_ids=[])
         stats = card.stats()
     assert result.tokens == reference

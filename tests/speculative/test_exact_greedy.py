@@ -67,6 +67,7 @@ def _decode(card, target, draft: str, batch: int):
         target,
         draft=None if draft == "lookup" else draft,
         k=5,
+        trees="off",  # chains: acceptance rates mean what _check_acceptance says (test_tree_rounds)
     )
     results = []
     ps = prompts()

@@ -1,5 +1,6 @@
 """exstill-bench's decoding benchmarks: plain against speculative decoding (spec), the demo
-pair end to end, by target size and by users (e2e), and token trees against chains (trees)."""
+pair end to end, by target size and by users (e2e), token trees against chains (trees), and
+one user's shape chosen per round against chains only (shapes)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,24 @@ def register(sub: Subcommands) -> None:
     )
     trees.add_argument("--json", action="store_true", help="print one JSON object")
     trees.set_defaults(handler=_trees)
+    shapes = sub.add_parser(
+        "shapes",
+        help="one user on a demo target with the emulated card: chains only against the shape "
+        "chosen per round (trees where they pay), beside fixed chains and trees",
+    )
+    shapes.add_argument(
+        "--target",
+        choices=("large", "small"),
+        default="large",
+        help="demo target (default large, built into ~/.cache/exstill on first use)",
+    )
+    shapes.add_argument(
+        "--prompts", type=int, default=2, help="held-out prompts, then the demo's (default 2)"
+    )
+    shapes.add_argument("--new-tokens", type=int, default=128, help="tokens a prompt (default 128)")
+    shapes.add_argument("--repeats", type=int, default=3, help="alternating repeats (default 3)")
+    shapes.add_argument("--json", action="store_true", help="print one JSON object")
+    shapes.set_defaults(handler=_shapes)
 
 
 def _sizes(text: str) -> tuple[str, ...]:
@@ -162,4 +181,21 @@ def _trees(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.json:
         return result
     print(trees.table(result))
+    return None
+
+
+def _shapes(args: argparse.Namespace) -> dict[str, Any] | None:
+    from exstill_sdk.bench.decode import shapes
+
+    if min(args.new_tokens, args.repeats) < 1 or args.prompts < 0:
+        raise UsageError("--new-tokens and --repeats want 1 or more, --prompts 0 or more")
+    result = shapes.run(
+        target=args.target,
+        prompts=args.prompts,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+    )
+    if args.json:
+        return result
+    print(shapes.table(result))
     return None

@@ -8,6 +8,11 @@ parent's ``top_k`` likeliest children), and greedy verification keeps the longes
 target's own greedy continuation from there agrees with (``greedy_path``). The figure is the
 mean of the tokens a pass keeps (the kept path and the target's next token); nothing is timed.
 
+The card's own trees are measured on the same rounds: the emulated card's transformer engine
+(the firmware's code, in this process) grows a tree of N - 1 nodes as it does for a
+``DRAFT_TREE`` (EAGLE-2's levels, ``CARD_TREES``: top-k children a node, as deep as N - 1), so
+that what the card drafts is judged against the chain at equal verified tokens too.
+
 Rounds start in real text, not in the target's own output, because a 4.2M target's greedy
 output soon repeats itself (``#`` lines, ``_T_T_T``), which any chain keeps whole; real text
 is what tells a draft's hesitations apart. The draft runs on the host here (the draft image in
@@ -22,16 +27,24 @@ the best, a tree only where it beats every chain.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
+from exstill_firmware.engines.base import Sampling
+from exstill_firmware.engines.transformer import TransformerEngine
 
+from exstill_sdk.image import open_image
+from exstill_sdk.protocol.constants import TREE_ROOT
+from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative.shapes import Shape, choose_shape, speedup_limit
-from exstill_sdk.speculative.trees import best_first_tree, greedy_path
+from exstill_sdk.speculative.trees import TokenTree, best_first_tree, greedy_path
 from exstill_sdk.support.sampling import SamplingParams, shaped_probs
 
 DEFAULT_BUDGETS = (2, 4, 8, 16, 32, 64)
 TREES = ((2, 1.0), (4, 1.0), (2, 0.5), (4, 0.5))
+CARD_TREES = (2, 4)
+"""The card's trees tried: top-k children a node."""
 """The trees tried, as (top_k, temperature): the draft's distribution is sharpened by the
 temperature before cumulative probabilities rank the nodes (a draft that is right more often
 than its top probability says spreads a tree too wide at 1.0)."""
@@ -56,14 +69,28 @@ def run(
     texts = held_out_prompts(files, context_tokens + rounds)
     target = OnnxTarget(data / "target.img", positions=POSITIONS, threads=1)
     draft = OnnxTarget(data / "draft.img", positions=POSITIONS, threads=1)
+    card = TransformerEngine(open_image(data / "draft.img"), rows=1, positions=POSITIONS)
     shapes = ((1, 1.0), *trees)  # the chain: the top-1 child of each node
     kept: dict[tuple[int, int, float], list[int]] = {
         (b, k, t): [] for b in budgets for k, t in shapes
     }
+    card_kept: dict[tuple[int, int], list[int]] = {(b, k): [] for b in budgets for k in CARD_TREES}
     for text in texts:
         for start in range(context_tokens, context_tokens + rounds):
             context = text[:start]
             reference = target.greedy(context, max(budgets))
+            state = card.open_state(POSITIONS, Sampling())
+            state.extend(struct.pack(f"<{len(context)}I", *context))
+            for budget in budgets:
+                for k in CARD_TREES:
+                    made = state.propose_tree(TreeRequest(budget - 1, k, budget - 1))
+                    n = len(made.parents)
+                    tree = TokenTree(
+                        struct.unpack(f"<{n}I", made.tokens),
+                        tuple(-1 if p == TREE_ROOT else p for p in made.parents),
+                    )
+                    card_kept[budget, k].append(len(greedy_path(tree, reference)) + 1)
+            state.close()
             for k, t in shapes:
 
                 def next_probs(
@@ -86,6 +113,7 @@ def run(
             for k, t in trees
         ]
         best = max(tried, key=lambda row: row["tokens_per_pass"])
+        on_card = {k: float(np.mean(card_kept[budget, k])) for k in CARD_TREES}
         rows.append(
             {
                 "budget": budget,
@@ -94,6 +122,10 @@ def run(
                 "trees": tried,
                 "best_tree": best,
                 "best_tree_over_chain": round(best["tokens_per_pass"] / chain, 3),
+                "card_trees": [
+                    {"top_k": k, "tokens_per_pass": round(v, 3), "over_chain": round(v / chain, 3)}
+                    for k, v in on_card.items()
+                ],
             }
         )
     result: dict[str, Any] = {
@@ -149,6 +181,7 @@ def table(result: dict[str, Any]) -> str:
     """The result as a table: tokens kept a pass, by budget, for the chain and each tree."""
     rows = result["rows"]
     heads = [f"k{t['top_k']} T{t['temperature']:g}" for t in rows[0]["trees"]]
+    heads += [f"card k{t['top_k']}" for t in rows[0]["card_trees"]]
     lines = [
         f"tokens kept a pass: {result['files']} held-out files x {result['rounds_per_file']} "
         "rounds, demo pair",
@@ -158,7 +191,9 @@ def table(result: dict[str, Any]) -> str:
     if timed:
         lines[1] += "  steps  chain limit  tree limit"
     for row in rows:
-        trees = "  ".join(f"{t['tokens_per_pass']:>8.2f}" for t in row["trees"])
+        trees = "  ".join(
+            f"{t['tokens_per_pass']:>8.2f}" for t in [*row["trees"], *row["card_trees"]]
+        )
         line = (
             f"{row['budget']:>6}  {row['chain_tokens_per_pass']:>6.2f}  {trees}  "
             f"{row['best_tree_over_chain']:>9.2f}x"

@@ -1,0 +1,141 @@
+"""One user on a demo target, end to end with the emulated card: chains only against the shape
+chosen per round (``trees="auto"``), beside fixed chains and fixed trees, on held-out prompts
+and the demo's own prompt.
+
+Every way decodes the same prompts greedily; the ways alternate within each repeat, each timed
+against the target alone run just before it on the same prompt, so that a slow spell of the
+machine falls on both sides of a ratio. The figure of a way is the median of its speed-ups over
+the target alone (with the range); ``auto_over_best_chain`` is the auto way's median over the
+best chain way's median. Every output is compared with the target's own greedy output.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from exstill_sdk.demo import DRAFT_TARGET, demo_tokenizer
+from exstill_sdk.protocol.messages import TreeRequest
+from exstill_sdk.speculative.decoder import DEFAULT_TREES
+
+DEFAULT_CHAINS = (4, 8, 16)
+MAX_K = 16
+"""The adaptive ways' longest chain: the demo's text often repeats, and a chain the target
+takes whole is what a tree must beat."""
+
+
+def _name(way: object) -> str:
+    if way == "auto":
+        return "auto (adaptive K, trees where they pay)"
+    if way == "adaptive":
+        return "chain, adaptive K"
+    if isinstance(way, TreeRequest):
+        return f"tree of {way.nodes} (top-{way.top_k}, depth {way.depth})"
+    return f"chain, K={way}"
+
+
+def _options(way: object) -> tuple[Any, Any]:
+    """The decoder's ``k`` and ``trees`` for a way: a fixed chain K, a fixed tree (adaptive K
+    for the rounds it leaves to chains), the adaptive chain, or auto."""
+    if isinstance(way, int):
+        return way, "off"
+    if isinstance(way, TreeRequest):
+        return "adaptive", way
+    return "adaptive", "off" if way == "adaptive" else "auto"
+
+
+def run(
+    *,
+    target: str = "large",
+    prompts: int = 2,
+    prompt_tokens: int = 96,
+    new_tokens: int = 128,
+    repeats: int = 3,
+    chains: tuple[int, ...] = DEFAULT_CHAINS,
+    trees: tuple[TreeRequest, ...] = DEFAULT_TREES,
+) -> dict[str, Any]:
+    from exstill_sdk.demo import demo_target
+    from exstill_sdk.demo.run import DEFAULT_PROMPT
+    from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target
+    from exstill_sdk.speculative import SpeculativeDecoder
+
+    ways: list[object] = ["adaptive", *chains, "auto", *trees]
+    with demo_card(1, prompt_tokens) as (card, held_out):
+        inputs = [*held_out[:prompts], demo_tokenizer().encode(DEFAULT_PROMPT).ids]
+        model = demo_onnx_target(demo_target(target).image, [1], inputs)
+        want = [model.greedy(p, new_tokens) for p in inputs]
+        speedups: dict[str, list[float]] = {_name(w): [] for w in ways}
+        per_prompt: dict[str, list[list[float]]] = {_name(w): [[] for _ in inputs] for w in ways}
+        shapes: dict[str, dict[str, int]] = {}
+        accept: dict[str, list[float]] = {_name(w): [] for w in ways}
+        exact = True
+        for _ in range(repeats):
+            for i, (prompt, reference) in enumerate(zip(inputs, want, strict=True)):
+                for way in ways:
+                    t0 = time.perf_counter()
+                    model.greedy(prompt, new_tokens)
+                    plain = time.perf_counter() - t0
+                    k, shape = _options(way)
+                    decoder = SpeculativeDecoder(
+                        card, model, draft=DRAFT_TARGET, k=k, max_k=MAX_K, trees=shape
+                    )
+                    t0 = time.perf_counter()
+                    result = decoder.generate(prompt, new_tokens, stop_token_ids=[])
+                    spec = time.perf_counter() - t0
+                    exact = exact and result.tokens == reference
+                    name = _name(way)
+                    speedups[name].append(plain / spec)
+                    per_prompt[name][i].append(plain / spec)
+                    accept[name].append(result.metrics.mean_acceptance_length)
+                    if way == "auto":
+                        for shape, n in result.metrics.shapes_chosen.items():
+                            shapes.setdefault(f"prompt {i}", {})
+                            shapes[f"prompt {i}"][shape] = shapes[f"prompt {i}"].get(shape, 0) + n
+    rows = [
+        {
+            "way": name,
+            "speedup_median": round(statistics.median(v), 3),
+            "speedup_range": [round(min(v), 3), round(max(v), 3)],
+            "speedup_by_prompt": [round(statistics.median(p), 3) for p in per_prompt[name]],
+            "mean_acceptance_length": round(statistics.mean(accept[name]), 2),
+        }
+        for name, v in speedups.items()
+    ]
+    medians = {str(row["way"]): float(row["speedup_median"]) for row in rows}  # type: ignore[arg-type]
+    best_chain = max((w for w in medians if w.startswith("chain")), key=lambda w: medians[w])
+    return {
+        "target": target,
+        "prompts": len(inputs),
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "exact": exact,
+        "rows": rows,
+        "best_chain": best_chain,
+        "auto_over_best_chain": round(medians[_name("auto")] / medians[best_chain], 3),
+        "auto_shapes_chosen": shapes,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        f"one user, {result['target']} demo target, {result['prompts']} prompts x "
+        f"{result['new_tokens']} tokens, {result['repeats']} alternating repeats; speed-up over "
+        "the target alone, median (range) and by prompt",
+    ]
+    for row in result["rows"]:
+        low, high = row["speedup_range"]
+        by_prompt = " ".join(f"{s:.2f}" for s in row["speedup_by_prompt"])
+        lines.append(
+            f"  {row['way']:<42} {row['speedup_median']:.2f}x ({low:.2f}-{high:.2f})  "
+            f"by prompt {by_prompt}  accepted {row['mean_acceptance_length']:.2f}/pass"
+        )
+    lines.append(
+        f"auto over the best chain ({result['best_chain']}): {result['auto_over_best_chain']:.2f}x"
+        f"; identical output: {'yes' if result['exact'] else 'NO'}"
+    )
+    for prompt, chosen in result["auto_shapes_chosen"].items():
+        lines.append(
+            f"  auto chose, {prompt}: " + ", ".join(f"{s}: {n}" for s, n in chosen.items())
+        )
+    return "\n".join(lines)

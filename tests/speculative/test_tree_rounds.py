@@ -1,0 +1,139 @@
+"""Greedy decoding with token trees drafted by the card and scored by the target in one pass:
+token for token the target's own output, with a fixed tree and with the shape chosen; where
+trees cannot run (sampling, several sequences) the decoder drafts chains and says why; and the
+shape chooser's rules on measured rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from exstill_sdk import open_card  # noqa: E402
+from exstill_sdk.adapters.hf import HFTarget  # noqa: E402
+from exstill_sdk.adapters.onnx import OnnxTarget  # noqa: E402
+from exstill_sdk.protocol.messages import TreeRequest  # noqa: E402
+from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder  # noqa: E402
+from exstill_sdk.speculative.shapes import TreeChooser  # noqa: E402
+
+from .test_exact_greedy import N_NEW, prompts  # noqa: E402
+
+SHAPES = [TreeRequest(6, 2, 4), TreeRequest(12, 3, 6), "auto"]
+
+
+@pytest.fixture(scope="module")
+def onnx_reference(pair):
+    target = OnnxTarget(pair.target_image, max_sequences=1, positions=512)
+    return [target.greedy(p, N_NEW) for p in prompts()[:8]]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("draft", ["partly", "never", "lookup"])
+def test_tree_rounds_are_the_targets_greedy_output(pair, onnx_reference, draft, shape) -> None:
+    target = OnnxTarget(pair.target_image, max_sequences=1, positions=512)
+    with open_card(pair.url()) as card:
+        decoder = SpeculativeDecoder(
+            card, target, draft=None if draft == "lookup" else draft, k=4, trees=shape
+        )
+        assert decoder.tree_note == ""
+        got = [decoder.generate(p, N_NEW, stop_token_ids=[]).tokens for p in prompts()[:8]]
+    assert got == onnx_reference
+    m = decoder.metrics
+    if isinstance(shape, TreeRequest):
+        name = f"tree of {shape.nodes} (top-{shape.top_k}, depth {shape.depth})"
+        assert set(m.shapes_chosen) == {name}
+        # the model's trees branch (lookup's only where the text matched in several places)
+        assert m.tree_rounds > 0 or draft == "lookup"
+    else:
+        assert m.shapes_chosen["chain"] >= 4  # the chain's warm-up rounds at least
+    assert m.emitted_tokens == 8 * N_NEW
+
+
+def test_hf_target_scores_card_trees(pair) -> None:
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(pair.target_dir, attn_implementation="eager")
+    with open_card(pair.url()) as card:
+        decoder = SpeculativeDecoder(
+            card, HFTarget(model), draft="partly", k=4, trees=TreeRequest(8, 2, 5)
+        )
+        for p in prompts()[:3]:
+            got = decoder.generate(p, 32, stop_token_ids=[]).tokens
+            ids = torch.tensor([p])
+            with torch.no_grad():
+                want = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=32,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            assert got == want[0, len(p) :].tolist()
+    assert decoder.metrics.tree_rounds > 0
+
+
+def test_where_trees_cannot_run_the_decoder_drafts_chains(pair, onnx_reference) -> None:
+    target = OnnxTarget(pair.target_image, max_sequences=4, positions=512)
+    with open_card(pair.url()) as card:
+        sampled = SpeculativeDecoder(
+            card, target, draft="partly", sampling=SamplingParams(temperature=0.8, seed=1)
+        )
+        assert "greedy" in sampled.tree_note
+        sampled.generate(prompts()[0], 16, stop_token_ids=[])
+        assert sampled.metrics.tree_rounds == 0
+        # several sequences at once: a tree is scored alone, so the batch drafts chains (four
+        # copies of one prompt: their rounds are alike, so none is ever left alone)
+        batch = SpeculativeDecoder(card, target, draft="partly", k=4, trees=TreeRequest(6, 2, 4))
+        results = batch.generate_batch([prompts()[1]] * 4, N_NEW, stop_token_ids=[])
+    assert [r.tokens for r in results] == [onnx_reference[1]] * 4
+    assert batch.metrics.tree_rounds == 0 and not batch.metrics.shapes_chosen
+
+
+def test_trees_option_is_checked(pair) -> None:
+    target = OnnxTarget(pair.target_image, max_sequences=1, positions=512)
+    with open_card(pair.url()) as card, pytest.raises(Exception, match="trees must be"):
+        SpeculativeDecoder(card, target, draft="partly", trees="sometimes")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the chooser's rules
+
+
+def feed(
+    chooser: TreeChooser, rounds: int, kept: dict[int, int], seconds: float = 1.0
+) -> list[int]:
+    """``rounds`` rounds, each arm keeping ``kept[arm]`` tokens in ``seconds``: the arms run."""
+    out = []
+    for _ in range(rounds):
+        arm = chooser.choose()
+        chooser.observe(arm, kept[arm], seconds)
+        out.append(arm)
+    return out
+
+
+def test_chooser_warms_the_chain_up_then_probes_and_keeps_the_best() -> None:
+    chooser = TreeChooser([TreeRequest(6, 2, 4), TreeRequest(12, 3, 6)], probe=2, warmup=4)
+    ran = feed(chooser, 100, {0: 3, 1: 4, 2: 5})
+    assert ran[:4] == [0, 0, 0, 0] and ran[4:8] == [1, 1, 2, 2]
+    assert ran[8:31] == [2] * 23  # the best by tokens a second
+    assert ran[31] == 0 and ran[63] == 1  # every 32 rounds, the shape measured longest ago
+    assert ran.count(2) == 100 - 4 - 2 - 3
+
+
+def test_chooser_tries_no_tree_that_cannot_beat_a_whole_chain() -> None:
+    chooser = TreeChooser([TreeRequest(6, 2, 4), TreeRequest(12, 3, 6)], warmup=4)
+    # chain rounds keep 9 tokens: no tree of depth 4 or 6 can keep more
+    assert set(feed(chooser, 40, {0: 9, 1: 5, 2: 7})) == {0}
+
+
+def test_chooser_needs_a_margin_over_the_chain() -> None:
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=4, margin=1.1)
+    ran = feed(chooser, 30, {0: 100, 1: 105}, seconds=1.0)  # the tree 5% ahead: not enough
+    assert ran[6:].count(1) <= 1
+
+
+def test_fixed_chooser_always_gives_its_tree() -> None:
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], fixed=True)
+    assert set(feed(chooser, 10, {0: 1, 1: 1})) == {1}
+    with pytest.raises(ValueError):
+        TreeChooser([TreeRequest(8, 2, 6), TreeRequest(6, 2, 4)], fixed=True)

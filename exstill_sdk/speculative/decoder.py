@@ -61,7 +61,7 @@ RECONNECT_PAUSE = 0.2
 SYNC_EVERY = 128
 """While K = 0, the tokens the card has not seen go to it this many at a time, without waiting:
 the card takes them in on its own time, so that drafting again costs one short round."""
-DEFAULT_TREES = (TreeRequest(6, 2, 4), TreeRequest(8, 2, 6), TreeRequest(12, 3, 6))
+DEFAULT_TREES = (TreeRequest(8, 2, 6), TreeRequest(15, 2, 8))
 """The trees ``trees="auto"`` measures against the chain (nodes, top-k, depth)."""
 TreesOption = Literal["auto", "off"] | TreeRequest | Sequence[TreeRequest]
 
@@ -537,6 +537,8 @@ class SpeculativeDecoder:
         until drafting pays; with ``alone``, one the card has no free stream for starts with
         the target alone (else CardFullError queues it)."""
         t0 = s.started = s.started or time.perf_counter()
+        if self._trees is not None:
+            self._trees.start()
         k = self._policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
         s.stream, s.card, s.draft, s.asked = None, CardState.NONE, NO_DRAFT, None

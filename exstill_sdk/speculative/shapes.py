@@ -58,14 +58,17 @@ class TreeChooser:
     A tree's worth cannot be read off the chain's rounds (the card sends the tokens it drafted,
     not how the target ranked the others), and what a tree round costs is not a chain round's:
     the card drafts it level by level while the target waits (a chain is drafted ahead during
-    the target's pass) and the target scores it alone. So each shape is measured where it runs.
-    The chain runs ``warmup`` rounds first (its K policy learns); a tree is tried only while it
-    could keep more than the chain's rounds do (its depth + 1 above their mean tokens: a chain
-    the target takes whole leaves a tree nothing to win); each such tree gets ``probe`` rounds,
-    then the best by tokens a second runs, and every ``reprobe`` rounds the shape measured
-    longest ago gets one round, so that a change in the text (or the load) is seen. A tree
-    must beat the chain by ``margin`` to be chosen. ``fixed``: the one candidate every round
-    (a benchmark's fixed shape).
+    the target's pass) and the target scores it alone. So each shape is measured where it runs,
+    and its tokens a second are kept across sequences (what a round costs is the target's and
+    the card's). Whether a tree can win is the text's: each sequence starts with ``warmup``
+    chain rounds, and a tree is tried only while it could keep more than the sequence's latest
+    chain rounds did (its depth + 1 above their mean: a chain the target takes whole leaves a
+    tree nothing to win); a tree round that keeps its whole depth sends the next round back to
+    the chain, to see whether the text has become one a chain takes whole. Each tree so
+    eligible gets ``probe`` rounds, then the best by tokens a second runs, and every
+    ``reprobe`` rounds the shape measured longest ago gets one round, so that a change in the
+    load is seen. A tree must beat the chain by ``margin`` to be chosen. ``fixed``: the one
+    candidate every round (a benchmark's fixed shape).
     """
 
     def __init__(
@@ -73,7 +76,7 @@ class TreeChooser:
         candidates: Sequence[TreeRequest],
         probe: int = 2,
         window: int = 16,
-        warmup: int = 4,
+        warmup: int = 3,
         reprobe: int = 32,
         margin: float = 1.03,
         fixed: bool = False,
@@ -91,6 +94,14 @@ class TreeChooser:
         }
         self._last: dict[int, int] = {}
         self._rounds = 0
+        self._chain_kept: deque[int] = deque(maxlen=warmup)
+        """Tokens of the sequence's latest chain rounds."""
+        self._back_to_chain = False
+
+    def start(self) -> None:
+        """A new sequence: its text decides again whether a tree can win."""
+        self._chain_kept.clear()
+        self._back_to_chain = False
 
     def rate(self, arm: int) -> float | None:
         """Tokens a second in the arm's latest rounds; None before any."""
@@ -98,18 +109,23 @@ class TreeChooser:
         seconds = sum(s for _, s in seen)
         return sum(t for t, _ in seen) / seconds if seen and seconds > 0 else None
 
+    def _depth(self, arm: int) -> int:
+        shape = self.arms[arm]
+        assert shape is not None
+        return min(shape.depth or shape.nodes, shape.nodes)
+
     def _eligible(self) -> list[int]:
-        """The trees that could keep more a round than the chain's latest rounds did."""
-        chain = self._seen[0]
-        kept = sum(t for t, _ in chain) / len(chain)
-        return [arm for arm in range(1, len(self.arms)) if self.arms[arm].depth + 1 > kept]  # type: ignore[union-attr]
+        """The trees that could keep more a round than the sequence's chain rounds did."""
+        kept = sum(self._chain_kept) / len(self._chain_kept)
+        return [arm for arm in range(1, len(self.arms)) if self._depth(arm) + 1 > kept]
 
     def choose(self) -> int:
         """The arm (index into ``arms``; 0 the chain) of the next round."""
         self._rounds += 1
         if self.fixed:
             return 1
-        if len(self._seen[0]) < self.warmup:
+        if len(self._chain_kept) < self.warmup or self._back_to_chain:
+            self._back_to_chain = False
             return 0
         trees = self._eligible()
         for arm in trees:
@@ -129,6 +145,10 @@ class TreeChooser:
         work and the host's round)."""
         self._seen[arm].append((tokens, seconds))
         self._last[arm] = self._rounds
+        if arm == 0:
+            self._chain_kept.append(tokens)
+        elif tokens > self._depth(arm):
+            self._back_to_chain = True
 
     def describe(self, arm: int) -> str:
         shape = self.arms[arm]

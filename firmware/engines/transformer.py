@@ -76,6 +76,7 @@ class TransformerEngine(DraftEngine):
         self.sinks = sinks
         self.inv_freq = inverse_frequencies(arch)[0]
         self.runner = OnnxDecoder(image, rows, positions, threads)
+        self.threads = threads
         self.keys, self.values = self.runner.keys, self.runner.values
         self._free = list(range(rows))
         self._trees: TreeRunner | None = None
@@ -116,7 +117,7 @@ class TransformerEngine(DraftEngine):
             if not n or n + depth * shape.top_k > self.positions:
                 return EngineState.propose_tree(state, shape)  # a chain; it checks the room
             if self._trees is None:
-                self._trees = TreeRunner(self.image, self.runner)
+                self._trees = TreeRunner(self.image, self.runner, self.threads)
             valid = min(common_prefix(state.cached, context), n - 1)
             ids = np.frombuffer(context, "<u4", n - valid, 4 * valid).astype(np.int64)
             logits = self.runner.prefill(state.row, ids, valid)[-1:]

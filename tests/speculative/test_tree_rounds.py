@@ -137,3 +137,15 @@ def test_fixed_chooser_always_gives_its_tree() -> None:
     assert set(feed(chooser, 10, {0: 1, 1: 1})) == {1}
     with pytest.raises(ValueError):
         TreeChooser([TreeRequest(8, 2, 6), TreeRequest(6, 2, 4)], fixed=True)
+
+
+def test_chooser_decides_per_sequence_whether_a_tree_can_win() -> None:
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3)
+    # a sequence whose chain rounds keep 3 tokens: the tree (7 at most) is tried and wins
+    assert feed(chooser, 10, {0: 3, 1: 5})[3:] == [1] * 7
+    # a new sequence whose text a chain takes whole (9 a round): the chain, whatever the rates
+    chooser.start()
+    assert feed(chooser, 10, {0: 9, 1: 5}) == [0] * 10
+    # a tree that keeps its whole depth sends the next round back to the chain
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3)
+    assert feed(chooser, 6, {0: 3, 1: 7}) == [0, 0, 0, 1, 0, 1]

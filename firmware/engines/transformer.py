@@ -39,7 +39,6 @@ from exstill_sdk.support.tokens import common_prefix
 from .base import DraftEngine, EngineState, Proposal, Sampling, TreeProposal
 from .sampling import choose
 
-
 RANK_TEMPERATURE = 0.5
 """A tree's nodes are ranked by the draft's distribution sharpened by this temperature: the
 demo draft is right more often than its top probability says, and at 1.0 its probabilities

@@ -10,6 +10,7 @@ beats every chain.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,8 +60,8 @@ class TreeChooser:
     not how the target ranked the others), and what a tree round costs is not a chain round's:
     the card drafts it level by level while the target waits (a chain is drafted ahead during
     the target's pass) and the target scores it alone. So each shape is measured where it runs,
-    and its tokens a second are kept across sequences (what a round costs is the target's and
-    the card's). Whether a tree can win is the text's: each sequence starts with ``warmup``
+    in the sequence at hand: what a shape keeps is the text's, and a chain that keeps 16 tokens
+    a round in one text says nothing of the next. Each sequence starts with ``warmup``
     chain rounds, and a tree is tried only while it could keep more than the sequence's latest
     chain rounds did (its depth + 1 above their mean: a chain the target takes whole leaves a
     tree nothing to win); a tree round that keeps its whole depth sends the next round back to
@@ -74,11 +75,11 @@ class TreeChooser:
     def __init__(
         self,
         candidates: Sequence[TreeRequest],
-        probe: int = 2,
+        probe: int = 3,
         window: int = 16,
-        warmup: int = 3,
+        warmup: int = 6,
         reprobe: int = 32,
-        margin: float = 1.03,
+        margin: float = 1.1,
         fixed: bool = False,
     ) -> None:
         if fixed and len(candidates) != 1:
@@ -99,15 +100,17 @@ class TreeChooser:
         self._back_to_chain = False
 
     def start(self) -> None:
-        """A new sequence: its text decides again whether a tree can win."""
+        """A new sequence: its text decides again whether a tree can win, and by how much."""
+        for seen in self._seen.values():
+            seen.clear()
         self._chain_kept.clear()
         self._back_to_chain = False
 
     def rate(self, arm: int) -> float | None:
-        """Tokens a second in the arm's latest rounds; None before any."""
-        seen = self._seen[arm]
-        seconds = sum(s for _, s in seen)
-        return sum(t for t, _ in seen) / seconds if seen and seconds > 0 else None
+        """Tokens a second in the arm's latest rounds, the median of theirs (one slow round,
+        such as the card's first tree, does not decide); None before any."""
+        rates = [t / s for t, s in self._seen[arm] if s > 0]
+        return statistics.median(rates) if rates else None
 
     def _depth(self, arm: int) -> int:
         shape = self.arms[arm]

@@ -143,9 +143,12 @@ def test_chooser_decides_per_sequence_whether_a_tree_can_win() -> None:
     chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3)
     # a sequence whose chain rounds keep 3 tokens: the tree (7 at most) is tried and wins
     assert feed(chooser, 10, {0: 3, 1: 5})[3:] == [1] * 7
-    # a new sequence whose text a chain takes whole (9 a round): the chain, whatever the rates
+    # a new sequence whose text a chain takes whole (9 a round): the chain
     chooser.start()
     assert feed(chooser, 10, {0: 9, 1: 5}) == [0] * 10
+    # and one like the first again: the tree is measured anew, and wins again
+    chooser.start()
+    assert feed(chooser, 10, {0: 3, 1: 5}) == [0, 0, 0] + [1] * 7
     # a tree that keeps its whole depth sends the next round back to the chain
     chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3)
     assert feed(chooser, 6, {0: 3, 1: 7}) == [0, 0, 0, 1, 0, 1]

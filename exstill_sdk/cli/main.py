@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--k", type=_k, default="adaptive", help=f"draft length 0..{MAX_K} or 'adaptive' (default)"
     )
     demo.add_argument(
+        "--trees",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto (default): a token tree where it gives more tokens a second than the chain; "
+        "off: chains only",
+    )
+    demo.add_argument(
         "--runs",
         type=_positive,
         help="timed runs of each way, alternating (default 3 for large, 21 for small)",
@@ -176,6 +183,7 @@ def _demo(args: argparse.Namespace) -> int:
             target=args.target,
             max_new_tokens=args.max_new_tokens,
             k=args.k,
+            trees=args.trees,
             runs=args.runs,
             on_text=None if args.json else screen.text,
             progress=sys.stderr.isatty(),

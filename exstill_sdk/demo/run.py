@@ -82,6 +82,7 @@ def run_demo(
     target: str = "large",
     max_new_tokens: int = 200,
     k: int | Literal["adaptive"] = "adaptive",
+    trees: Literal["auto", "off"] = "auto",
     runs: int | None = None,
     on_text: Callable[[str], None] | None = None,
     progress: bool = False,
@@ -91,7 +92,8 @@ def run_demo(
     times each, alternating (default: 3 for the large target, 21 for the small one, whose runs
     last a tenth of a second each, too short for three to give a steady median on a shared
     machine). ``on_text`` receives the continuation as the target accepts it, in a first
-    (untimed) speculative run; ``on_stage`` hears what is under way as it starts (the first
+    (untimed) speculative run; ``trees`` is the decoder's (``SpeculativeDecoder``);
+    ``on_stage`` hears what is under way as it starts (the first
     use of the large target builds it: ``progress`` shows a bar then)."""
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.card import open_card
@@ -129,7 +131,7 @@ def run_demo(
         stage(f"loading the target ({chosen.image.target}) into onnxruntime")
         model = OnnxTarget(chosen.image, max_sequences=1, positions=POSITIONS, threads=THREADS)
 
-        decoder = SpeculativeDecoder(card, model, draft=DRAFT_TARGET, k=k, max_k=MAX_K)
+        decoder = SpeculativeDecoder(card, model, draft=DRAFT_TARGET, k=k, max_k=MAX_K, trees=trees)
 
         shown = ""
 

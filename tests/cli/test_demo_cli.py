@@ -135,6 +135,18 @@ def test_k_zero_is_the_target_alone_through_the_same_loop() -> None:
     assert result["mean_acceptance_length"] == 1.0 and result["time_share"]["card_wait"] < 0.01
 
 
+def test_trees_off_drafts_chains_only() -> None:
+    out = demo("--target", "small", "--max-new-tokens", "48", "--trees", "off", "--runs", "1")
+    assert out.returncode == 0, out.stderr
+    assert "\nshape chosen  chains only" in out.stdout
+    out = demo(
+        "--target", "small", "--max-new-tokens", "48", "--trees", "off", "--runs", "1", "--json"
+    )  # fmt: skip
+    result = json.loads(out.stdout)
+    assert result["identical"] is True and result["tree_rounds"] == 0
+    assert result["shapes_chosen"] == {}
+
+
 def test_mistyped_arguments_get_one_line_from_argparse() -> None:
     for args, words in (
         (("--k", "abc"), "must be 0..8 or 'adaptive', not 'abc'"),

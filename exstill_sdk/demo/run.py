@@ -82,7 +82,7 @@ def run_demo(
     target: str = "large",
     max_new_tokens: int = 200,
     k: int | Literal["adaptive"] = "adaptive",
-    trees: Literal["auto", "off"] = "auto",
+    trees: Literal["auto", "off"] = "off",
     runs: int | None = None,
     on_text: Callable[[str], None] | None = None,
     progress: bool = False,

@@ -120,12 +120,14 @@ class SpeculativeDecoder:
     ``k`` is a fixed draft length, ``"adaptive"`` (see exstill_sdk.speculative.adaptive), or a
     ``KPolicy`` of the caller's, which then chooses K for rounds of one sequence.
 
-    ``trees``: where trees can run (greedy decoding, a target that scores trees, a card with
-    Features.TREES, one sequence at a time: a tree is scored alone, not batched with other
-    sequences), ``"auto"`` measures the chain against ``DEFAULT_TREES`` and drafts the shape
-    that gives the most tokens a second (``TreeChooser``); a ``TreeRequest`` (or several) fixes
-    the tree (or the candidates); ``"off"`` drafts chains only. ``tree_note`` says why trees
-    do not run where they do not.
+    ``trees``: ``"off"`` (the default) drafts chains only. Where trees can run (greedy
+    decoding, a target that scores trees, a card with Features.TREES, one sequence at a time: a
+    tree is scored alone, not batched with other sequences), ``"auto"`` measures the chain
+    against ``DEFAULT_TREES`` and drafts the shape that gives the most tokens a second
+    (``TreeChooser``); a ``TreeRequest`` (or several) fixes the tree (or the candidates).
+    ``tree_note`` says why trees do not run where they do not. ``"auto"`` is not the default
+    yet: on the demo pair it chose trees that were slower than the chain it replaced
+    (docs/benchmarks.md, "One user, the shape chosen").
     """
 
     def __init__(
@@ -140,7 +142,7 @@ class SpeculativeDecoder:
         max_k: int = 8,
         wire_mode: WireMode = WireMode.DIST,
         long_context: bool = False,
-        trees: TreesOption = "auto",
+        trees: TreesOption = "off",
     ) -> None:
         self.card = card
         self.target = target

@@ -77,7 +77,11 @@ def test_where_trees_cannot_run_the_decoder_drafts_chains(pair, onnx_reference) 
     target = OnnxTarget(pair.target_image, max_sequences=4, positions=512)
     with open_card(pair.url()) as card:
         sampled = SpeculativeDecoder(
-            card, target, draft="partly", sampling=SamplingParams(temperature=0.8, seed=1)
+            card,
+            target,
+            draft="partly",
+            sampling=SamplingParams(temperature=0.8, seed=1),
+            trees="auto",
         )
         assert "greedy" in sampled.tree_note
         sampled.generate(prompts()[0], 16, stop_token_ids=[])

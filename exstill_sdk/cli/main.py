@@ -126,8 +126,12 @@ def _report(result: object) -> str:
         f"prefetch hits {m.prefetch_hits} of {m.rounds} rounds: next draft made while the "
         "target verified\n"
         f"K chosen      {chosen}\n"
-        f"shape chosen  {shapes or 'chains only'} (rounds; a tree runs where it gave more "
-        "tokens a second than the chain)"
+        "shape chosen  "
+        + (
+            f"{shapes} (rounds; a tree ran where it gave more tokens a second than the chain)"
+            if shapes
+            else "chains only (--trees auto: a token tree where it gives more tokens a second)"
+        )
     )
 
 

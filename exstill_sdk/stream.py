@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
@@ -149,35 +150,45 @@ class DraftStream:
 
     def draft(self, k: int, timeout: float | None = None) -> Draft:
         """Propose up to ``k`` tokens after the committed context."""
-        self._guard()
-        card = self.card
-        card.check_open()
-        rid = card.next_rid()
-        try:
-            frame = m.draft_frame(rid, self.handle, k)
-        except struct.error:
-            card.forget(rid)
-            raise InvalidArgumentError(f"K must be 0..255, not {k!r}") from None
-        result = m.parse_draft_reply_frame(self._exchange(frame, rid, Opcode.DRAFT, timeout))
-        self.last_draft = result
-        return result
+        reply = self._ask_draft(
+            lambda rid: m.draft_frame(rid, self.handle, k), Opcode.DRAFT, timeout, "K", k
+        )
+        self.last_draft = m.parse_draft_reply_frame(reply)
+        return self.last_draft
 
     def draft_tree(self, shape: m.TreeRequest, timeout: float | None = None) -> Draft:
         """Propose a token tree of ``shape`` after the committed context (a card with
         Features.TREES); a chain-shaped answer comes as a chain (``Draft.parents`` None)."""
+        reply = self._ask_draft(
+            lambda rid: m.draft_tree_frame(rid, self.handle, shape),
+            Opcode.DRAFT_TREE,
+            timeout,
+            "each of a tree's nodes, top-k and depth",
+            shape,
+        )
+        self.last_draft = m.parse_tree_reply_frame(reply)
+        return self.last_draft
+
+    def _ask_draft(
+        self,
+        build: Callable[[int], bytes],
+        opcode: Opcode,
+        timeout: float | None,
+        what: str,
+        value: object,
+    ) -> bytes:
+        """The reply frame to a draft request that ``build`` makes for a request id; a field
+        out of range (``what``, given as ``value``) is refused before anything is sent."""
         self._guard()
         card = self.card
         card.check_open()
         rid = card.next_rid()
         try:
-            frame = m.draft_tree_frame(rid, self.handle, shape)
+            frame = build(rid)
         except struct.error:
             card.forget(rid)
-            raise InvalidArgumentError(f"tree shape out of range: {shape}") from None
-        reply = self._exchange(frame, rid, Opcode.DRAFT_TREE, timeout)
-        result = m.decode_tree_reply(reply[HEADER_SIZE:-CRC_SIZE])
-        self.last_draft = result
-        return result
+            raise InvalidArgumentError(f"{what} must be 0..255, not {value!r}") from None
+        return self._exchange(frame, rid, opcode, timeout)
 
     def commit(
         self, verdict: Verdict, next_k: int | m.TreeRequest, timeout: float | None = None
@@ -234,10 +245,7 @@ class DraftStream:
         except LinkTimeoutError:
             self._resync = True
             raise
-        if tree:
-            result = m.decode_tree_reply(reply[HEADER_SIZE:-CRC_SIZE])
-        else:
-            result = m.parse_draft_reply_frame(reply)
+        result = m.parse_tree_reply_frame(reply) if tree else m.parse_draft_reply_frame(reply)
         self.length += verdict.accepted + 1  # what any draft's verdict keeps: its own token too
         self.last_draft = result
         return result

@@ -258,13 +258,9 @@ class StreamService:
                 f"token {req.bonus} is beyond {stream.engine.name!r}'s vocabulary of {vocab}"
             )
         count = len(stream.pending) >> 2
-        parents = stream.pending_parents
         path = bytes(req.path)
-        if parents is None:  # a chain: the path is its accepted prefix
-            ok = path == bytes(range(len(path))) and len(path) <= count
-        else:
-            ok = m.check_path(parents, path)
-        if not ok:
+        # a pending chain is the tree whose path is its accepted prefix
+        if not m.check_path(stream.pending_parents or chain_parents(count), path):
             raise InvalidArgumentError(
                 f"path {list(req.path)} is not a path of the last draft ({count} tokens) from "
                 "the context"

@@ -71,7 +71,7 @@ class Draft(NamedTuple):
             )
         if self.parents is None and not verdict.path:
             return
-        parents = self.parents or tuple(range(-1, len(self.tokens) - 1))
+        parents = self.parents or chain_links(len(self.tokens))
         if len(verdict.path) != verdict.accepted or not path_ok(parents, verdict.path):
             raise InvalidArgumentError(
                 f"path {list(verdict.path)} is not a path of the last draft from the context"
@@ -89,9 +89,14 @@ def path_ok(parents: tuple[int, ...] | list[int], path: tuple[int, ...] | list[i
     return True
 
 
+def chain_links(n: int) -> tuple[int, ...]:
+    """The parents of a chain of ``n`` tokens as a tree: each node's parent the one before."""
+    return tuple(range(-1, n - 1))
+
+
 def chain_or_tree(parents: tuple[int, ...]) -> tuple[int, ...] | None:
     """``Draft.parents`` for a drafted tree: None when it is a chain."""
-    return None if parents == tuple(range(-1, len(parents) - 1)) else parents
+    return None if parents == chain_links(len(parents)) else parents
 
 
 NO_DRAFT = Draft(())

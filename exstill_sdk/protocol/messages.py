@@ -25,7 +25,14 @@ from exstill_sdk.protocol.constants import (
     ErrorCode,
     Opcode,
 )
-from exstill_sdk.protocol.drafts import Distribution, Draft, Verdict, chain_or_tree, path_ok
+from exstill_sdk.protocol.drafts import (
+    Distribution,
+    Draft,
+    Verdict,
+    chain_links,
+    chain_or_tree,
+    path_ok,
+)
 from exstill_sdk.protocol.frame import pack_frame, seal
 
 U8 = struct.Struct("<B")
@@ -461,6 +468,11 @@ class TreeRequest:
     top_k: int
     depth: int = 0
 
+    @property
+    def levels(self) -> int:
+        """How deep the tree may be: ``depth``, where set, and never more than ``nodes``."""
+        return min(self.depth or self.nodes, self.nodes)
+
 
 def encode_tree_request(m: TreeRequest) -> bytes:
     try:
@@ -513,7 +525,7 @@ def tree_reply_payload(prefetch_hit: bool, draft: bytes, parents: bytes, lookup:
 
 def encode_tree_reply(m: Draft) -> bytes:
     n = len(m.tokens)
-    parents = m.parents if m.parents is not None else tuple(range(-1, n - 1))
+    parents = m.parents if m.parents is not None else chain_links(n)
     if n > MAX_TREE_NODES or len(parents) != n or m.dists is not None:
         raise _bad(f"a tree has at most {MAX_TREE_NODES} nodes, one parent each, no dists")
     try:
@@ -534,8 +546,7 @@ def decode_tree_reply(data: bytes) -> Draft:
         raise _bad(f"tree reply has unknown flags 0x{flags:02x}")
     if n > MAX_TREE_NODES or len(data) != 2 + 5 * n:
         raise _bad(f"a tree reply of {n} nodes must be {2 + 5 * n} bytes, at most {MAX_TREE_NODES}")
-    wire = data[2 + 4 * n :]
-    parents = tuple(-1 if p == TREE_ROOT else p for p in wire)
+    parents = parents_from_wire(data[2 + 4 * n :])
     if any(p >= i for i, p in enumerate(parents)):
         raise _bad("a tree node's parent must come before it")
     return Draft(tokens, bool(flags & _HIT), None, bool(flags & _LOOKUP), chain_or_tree(parents))
@@ -565,10 +576,21 @@ def commit_tree_frame(rid: int, handle: int, verdict: Verdict, shape: TreeReques
     return pack_frame(Opcode.COMMIT_TREE, rid, handle, payload)
 
 
+def parents_from_wire(wire: bytes) -> tuple[int, ...]:
+    """A tree's parents as the host holds them (-1 for the context) from their wire bytes (u8,
+    TREE_ROOT for the context)."""
+    return tuple(-1 if p == TREE_ROOT else p for p in wire)
+
+
 def check_path(parents: bytes, path: bytes) -> bool:
     """Whether ``path`` (u8 node indices) is a path from the context in a tree of wire
     ``parents`` (u8, TREE_ROOT for the context)."""
-    return path_ok([-1 if p == TREE_ROOT else p for p in parents], list(path))
+    return path_ok(parents_from_wire(parents), list(path))
+
+
+def parse_tree_reply_frame(frame: bytes) -> Draft:
+    """The tree in a checked DRAFT_TREE or COMMIT_TREE reply frame."""
+    return decode_tree_reply(frame[HEADER_SIZE:-CRC_SIZE])
 
 
 # ---------------------------------------------------------------- ERROR

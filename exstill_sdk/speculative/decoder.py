@@ -500,22 +500,22 @@ class SpeculativeDecoder:
     def _tree_fits(self, s: _Sequence, shape: TreeRequest) -> bool:
         """Whether the budget, the card's slot and the target have room for the tree (near the
         end of a sequence they may not)."""
-        depth = min(shape.depth or shape.nodes, shape.nodes)
+        positions = self.target.max_positions
+        fits_target = not positions or len(s.tokens) + shape.nodes < positions
+        return self._room(s) >= shape.levels and fits_target
+
+    def _room(self, s: _Sequence) -> int:
+        """Drafted tokens a round may keep: the budget's room and the slot's."""
         room = s.max_new_tokens - len(s.generated) - 1
         if s.stream is not None and not self.long_context:
             room = min(room, s.stream.capacity - s.stream.length - 1)
-        positions = self.target.max_positions
-        return room >= depth and (not positions or len(s.tokens) + shape.nodes < positions)
+        return room
 
     def _limit(self, s: _Sequence) -> int:
         """The largest useful K: the card's, the budget's and the slot's."""
-        remaining = s.max_new_tokens - len(s.generated) - 1
-        limit = min(self.max_k, remaining)
-        if s.stream is not None and not self.long_context:
-            limit = min(limit, s.stream.capacity - s.stream.length - 1)
-        elif s.stream is None and self._card_full_at == self._streams_freed:
+        if s.stream is None and self._card_full_at == self._streams_freed:
             return 0  # the card refused a stream and none has been freed since
-        return max(0, limit)
+        return max(0, min(self.max_k, self._room(s)))
 
     def _open(self, s: _Sequence) -> DraftStream:
         """A card stream for the sequence, empty (it catches up with the context next)."""

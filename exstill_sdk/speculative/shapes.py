@@ -115,7 +115,7 @@ class TreeChooser:
     def _depth(self, arm: int) -> int:
         shape = self.arms[arm]
         assert shape is not None
-        return min(shape.depth or shape.nodes, shape.nodes)
+        return shape.levels
 
     def _eligible(self) -> list[int]:
         """The trees that could keep more a round than the sequence's chain rounds did."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exstill_sdk.errors import TargetOutputError
+from exstill_sdk.protocol.drafts import chain_links
 from exstill_sdk.speculative.sampling import sample
 from exstill_sdk.support.trees import ancestry, depths
 
@@ -67,7 +68,7 @@ class TokenTree:
 
     @classmethod
     def chain(cls, tokens: Sequence[int]) -> TokenTree:
-        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)))
+        return cls(tuple(tokens), chain_links(len(tokens)))
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -80,7 +80,7 @@ class EngineState(ABC):
         """Draft a token tree after the context: up to ``shape.nodes`` nodes, each with at
         most ``shape.top_k`` children, at most ``shape.depth`` deep (0: no limit). An engine
         that drafts chains only gives its chain of ``min(nodes, depth)`` tokens, a tree too."""
-        proposal = self.propose(min(shape.nodes, shape.depth or shape.nodes))
+        proposal = self.propose(shape.levels)
         return TreeProposal(
             proposal.tokens, chain_parents(len(proposal.tokens) >> 2), proposal.lookup
         )

@@ -219,7 +219,7 @@ class LookupState(ContextState):
         matching positions (longest n-gram first), merged where they agree, laid down a level
         at a time across them until ``nodes`` nodes (each at most ``depth`` deep)."""
         view = self._view(b"")
-        depth = min(shape.depth or shape.nodes, shape.nodes)
+        depth = shape.levels
         found = itertools.islice(self._matches(view), shape.top_k)
         paths = [view.follow(j, depth) for j in found]
         tokens, parents = bytearray(), bytearray()

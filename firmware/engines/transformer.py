@@ -112,7 +112,7 @@ class TransformerEngine(DraftEngine):
         with self.lock:
             context = bytes(state.tokens)
             n = len(context) >> 2
-            depth = min(shape.depth or shape.nodes, shape.nodes)
+            depth = shape.levels
             if not n or n + depth * shape.top_k > self.positions:
                 return EngineState.propose_tree(state, shape)  # a chain; it checks the room
             if self._trees is None:

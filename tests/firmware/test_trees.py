@@ -22,12 +22,13 @@ from exstill_firmware.engines.transformer import (  # noqa: E402
 from exstill_sdk.card import Card  # noqa: E402
 from exstill_sdk.errors import InvalidArgumentError  # noqa: E402
 from exstill_sdk.image import open_image  # noqa: E402
-from exstill_sdk.protocol.constants import TREE_ROOT, Features, Opcode  # noqa: E402
+from exstill_sdk.protocol.constants import Features, Opcode  # noqa: E402
 from exstill_sdk.protocol.drafts import Verdict  # noqa: E402
 from exstill_sdk.protocol.messages import (  # noqa: E402
     CommitTreeRequest,
     TreeRequest,
     encode_commit_tree_request,
+    parents_from_wire,
 )
 from exstill_sdk.transport.emu import EmuTransport  # noqa: E402
 
@@ -64,10 +65,6 @@ def grown_tree(
     return [made[i][0] for i in keep], [index.get(made[i][1], -1) for i in keep]
 
 
-def parents_of(wire: bytes) -> list[int]:
-    return [-1 if p == TREE_ROOT else p for p in wire]
-
-
 def test_transformer_tree_is_the_growth_of_hf_logits(model_pair) -> None:
     model, image, _ = model_pair
     engine = TransformerEngine(open_image(image), rows=2, positions=256)
@@ -79,7 +76,7 @@ def test_transformer_tree_is_the_growth_of_hf_logits(model_pair) -> None:
         proposal = state.propose_tree(shape)
         want_tokens, want_parents = grown_tree(model, context, 12, 3, 4)
         assert unpack(proposal.tokens) == want_tokens
-        assert parents_of(proposal.parents) == want_parents
+        assert list(parents_from_wire(proposal.parents)) == want_parents
         assert len(set(zip(want_tokens, want_parents, strict=True))) == 12  # no twin siblings
         # commit a path of two (the deepest node's first two) and a token the draft did not
         # guess, as a round would: the cache holds the tree's scratch, and must not be used
@@ -101,7 +98,7 @@ def test_sampled_and_long_context_streams_draft_chains(model_pair) -> None:
     greedy_long.extend(packed)
     proposal = greedy_long.propose_tree(TreeRequest(8, 4, 5))
     assert unpack(proposal.tokens) == generate(model, context, 5)  # depth 5: a chain of 5
-    assert parents_of(proposal.parents) == [-1, 0, 1, 2, 3]
+    assert parents_from_wire(proposal.parents) == (-1, 0, 1, 2, 3)
 
 
 def lookup_branches(context: list[int], ns: range, top_k: int, depth: int) -> list[list[int]]:
@@ -127,7 +124,7 @@ def test_lookup_tree_merges_the_latest_matches(seed: int) -> None:
     state = LookupEngine(2, 4).open_state(256, Sampling())
     state.extend(struct.pack(f"<{len(context)}I", *context))
     proposal = state.propose_tree(TreeRequest(10, 3, 5))
-    got_tokens, got_parents = unpack(proposal.tokens), parents_of(proposal.parents)
+    got_tokens, got_parents = unpack(proposal.tokens), parents_from_wire(proposal.parents)
     branches = lookup_branches(context, range(2, 5), 3, 5)
     paths = set()
     for i in range(len(got_tokens)):

@@ -16,6 +16,7 @@ from exstill_sdk.protocol.messages import TreeRequest  # noqa: E402
 from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder  # noqa: E402
 from exstill_sdk.speculative.shapes import TreeChooser  # noqa: E402
 
+from ..firmware.test_transformer import generate  # noqa: E402
 from .test_exact_greedy import N_NEW, prompts  # noqa: E402
 
 SHAPES = [TreeRequest(6, 2, 4), TreeRequest(12, 3, 6), "auto"]
@@ -59,17 +60,7 @@ def test_hf_target_scores_card_trees(pair) -> None:
         )
         for p in prompts()[:3]:
             got = decoder.generate(p, 32, stop_token_ids=[]).tokens
-            ids = torch.tensor([p])
-            with torch.no_grad():
-                want = model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    do_sample=False,
-                    max_new_tokens=32,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
-            assert got == want[0, len(p) :].tolist()
+            assert got == generate(model, p, 32)  # HF's own greedy generate
     assert decoder.metrics.tree_rounds > 0
 
 

@@ -35,8 +35,7 @@ from exstill_firmware.engines.base import Sampling
 from exstill_firmware.engines.transformer import TransformerEngine
 
 from exstill_sdk.image import open_image
-from exstill_sdk.protocol.constants import TREE_ROOT
-from exstill_sdk.protocol.messages import TreeRequest
+from exstill_sdk.protocol.messages import TreeRequest, parents_from_wire
 from exstill_sdk.speculative.shapes import Shape, choose_shape, speedup_limit
 from exstill_sdk.speculative.trees import TokenTree, best_first_tree, greedy_path
 from exstill_sdk.support.sampling import SamplingParams, shaped_probs
@@ -87,7 +86,7 @@ def run(
                     n = len(made.parents)
                     tree = TokenTree(
                         struct.unpack(f"<{n}I", made.tokens),
-                        tuple(-1 if p == TREE_ROOT else p for p in made.parents),
+                        parents_from_wire(made.parents),
                     )
                     card_kept[budget, k].append(len(greedy_path(tree, reference)) + 1)
             state.close()

@@ -99,9 +99,12 @@ class CardRuntime:
         store: Store | None = None,
         threads: int = 0,
         admin_key: bytes | None = None,
+        prefetch_outcomes: bool = True,
     ) -> None:
         """``prefetch`` drafts ahead between rounds; with ``background_prefetch`` a worker
-        thread does it, otherwise the serving loop calls ``run_prefetch`` when idle.
+        thread does it, otherwise the serving loop calls ``run_prefetch`` when idle;
+        ``prefetch_outcomes`` drafts ahead for other verification outcomes too, not only the
+        full-acceptance one (firmware/outcomes.py).
         ``threads``: compute threads of the transformer engines made for flashed images.
         ``admin_key``: the secret a network session must prove (AUTH) before administration;
         without one, network sessions cannot administer the card at all."""
@@ -118,7 +121,7 @@ class CardRuntime:
             e.name: e for e in (engines if engines is not None else [LookupEngine()])
         }
         self.telemetry = Telemetry()
-        self.prefetcher = Prefetcher(background_prefetch) if prefetch else None
+        self.prefetcher = Prefetcher(background_prefetch, prefetch_outcomes) if prefetch else None
         self.stream_service = StreamService(
             self.streams, self.models, self.telemetry, self.prefetcher, context, max_k
         )
@@ -160,10 +163,11 @@ class CardRuntime:
             for handle in list(session.handles):
                 self.streams.remove(self.streams.by_handle[handle])
 
-    def run_prefetch(self) -> None:
-        """Idle-time work for a serving loop that drives prefetch itself."""
+    def run_prefetch(self, stop: Callable[[], bool] | None = None) -> None:
+        """Idle-time work for a serving loop that drives prefetch itself; ``stop`` says when
+        the host's next request is waiting (the work that can wait then stops)."""
         if self.prefetcher is not None:
-            self.prefetcher.run_pending()
+            self.prefetcher.run_pending(stop)
 
     def shutdown(self) -> None:
         if self.prefetcher is not None:
@@ -344,6 +348,8 @@ class CardRuntime:
         features = Features.PIPELINING | Features.TREES
         if self.prefetcher:
             features |= Features.PREFETCH
+            if self.prefetcher.outcomes:
+                features |= Features.OUTCOMES
         if self.store is not None:
             features |= Features.IMAGE_STORE
         return m.encode_hello_reply(

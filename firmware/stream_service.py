@@ -10,6 +10,7 @@ runtime (runtime.py) checks frames and sessions and seals the replies.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import perf_counter
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from exstill_sdk.protocol.constants import (
 from exstill_sdk.protocol.drafts import Distribution, kept_tree_wire, kept_wire
 
 from .engines import DraftEngine, Sampling
-from .engines.base import Proposal, chain_parents, propose_grouped
+from .engines.base import OutcomeDraft, Proposal, chain_parents, propose_grouped
 from .engines.hybrid import HybridEngine
 from .prefetch import Prefetcher
 from .streams import Session, Stream, StreamTable
@@ -120,6 +121,8 @@ class StreamService:
             max_k=max_k,
             dist=dist,
         )
+        if self.prefetcher is not None and self.prefetcher.outcomes:
+            stream.state.keep_logits = True
         self.streams.add(stream)
         self.telemetry.streams_opened += 1
         return m.encode_open_reply(m.OpenReply(stream.handle, self.context, max_k))
@@ -209,6 +212,10 @@ class StreamService:
         t = self.telemetry
         t.rounds += 1
         t.accepted_tokens += accepted
+        if stream.replied_at:  # how long the host took: the time there is to draft ahead
+            seen = perf_counter() - stream.replied_at
+            # down at once, up slowly: a round the card answered late looks longer than it was
+            stream.window = min(seen, stream.window + 0.25 * (seen - stream.window) or seen)
         committed = kept_wire(pending, accepted, payload[2:6])
         pf = stream.prefetch
         hit = (
@@ -219,23 +226,66 @@ class StreamService:
             and len(pf.tokens) >= next_k << 2
             else None
         )
+        outcome = None
+        if hit is None and stream.outcomes_scheduled and next_k:
+            outcome = self._outcome_drafted(stream, committed)
+        whole = outcome is not None and len(outcome.proposal.tokens) >= next_k << 2
         if stream.prefetch_scheduled:
-            if hit is not None:
+            if hit is not None or whole:
                 t.prefetch_hits += 1
+                t.prefetch_hits_by_accepted[accepted] += 1
+                t.prefetch_outcome_hits += whole
             elif pf is None or pf.version != stream.version:
                 t.prefetch_late += 1
             else:
                 t.prefetch_misses += 1
+                t.prefetch_wasted_tokens += len(pf.tokens) >> 2
         stream.begin_change()
         state.extend(committed)
+        if outcome is not None:
+            state.adopt_outcome(outcome)
         stream.end_change()
         if hit is not None:
-            return self._serve(
-                stream, next_k, hit.tokens, hit.dists, prefetch_hit=True, lookup=hit.lookup
-            )
+            return self._serve(stream, next_k, hit.tokens, hit.dists, True, hit.lookup, hit.logits)
+        if outcome is not None:
+            made = outcome.proposal
+            if whole:
+                return self._serve(
+                    stream, next_k, made.tokens, made.dists, True, False, made.logits
+                )
+            t.prefetch_outcome_partial += 1
+            return self._finish(stream, next_k, made)
         if defer and next_k:
             return Deferred(stream, next_k)
         return self._draft_reply(stream, next_k)
+
+    def _outcome_drafted(self, stream: Stream, committed: bytes) -> OutcomeDraft | None:
+        """The draft made (or begun) ahead for the outcome being committed, if any; counts the
+        outcome work thrown away or not done in time."""
+        t = self.telemetry
+        drafts = stream.outcomes
+        if drafts is None or drafts.version != stream.version:
+            t.prefetch_outcomes_late += 1
+            return None
+        t.prefetch_outcomes_late += not drafts.complete
+        made = drafts.drafts.get(committed)
+        t.prefetch_wasted_tokens += sum(
+            len(d.proposal.tokens) >> 2 for d in drafts.drafts.values() if d is not made
+        )
+        return made
+
+    def _finish(self, stream: Stream, k: int, made: Proposal) -> bytes:
+        """Reply with a draft begun ahead for this outcome and finished now: the tokens made
+        ahead, then the rest (and the guess) drafted after them."""
+        count = len(made.tokens) >> 2
+        rest = stream.state.finish_draft(k + 1 - count, made.tokens)
+        dists = None if made.dists is None or rest.dists is None else made.dists + rest.dists
+        logits = (
+            None
+            if made.logits is None or rest.logits is None
+            else np.concatenate([made.logits, rest.logits])
+        )
+        return self._serve(stream, k, made.tokens + rest.tokens, dists, False, False, logits)
 
     # ------------------------------------------------------------ token trees
 
@@ -317,7 +367,12 @@ class StreamService:
             else:
                 out.append(
                     self._serve(
-                        d.stream, d.k, proposal.tokens, proposal.dists, lookup=proposal.lookup
+                        d.stream,
+                        d.k,
+                        proposal.tokens,
+                        proposal.dists,
+                        lookup=proposal.lookup,
+                        logits=proposal.logits,
                     )
                 )
         return out
@@ -342,7 +397,10 @@ class StreamService:
         proposal: Proposal | None = stream.state.propose(ask) if k else None
         if proposal is None:
             return self._serve(stream, 0, b"", None)
-        return self._serve(stream, k, proposal.tokens, proposal.dists, lookup=proposal.lookup)
+        return self._serve(
+            stream, k, proposal.tokens, proposal.dists, lookup=proposal.lookup,
+            logits=proposal.logits,
+        )  # fmt: skip
 
     def _serve(
         self,
@@ -352,9 +410,11 @@ class StreamService:
         dists: tuple[Distribution, ...] | None,
         prefetch_hit: bool = False,
         lookup: bool = False,
+        logits: np.ndarray | None = None,
     ) -> bytes:
         """Reply with the first k of ``tokens``; a (k+1)-th token is the bonus guess that the
-        next prefetch drafts after."""
+        next prefetch drafts after (and ``logits``, when kept, what the draft and guess were
+        chosen from: what other outcomes are ranked by)."""
         draft = tokens[: k << 2]
         guess = tokens[k << 2 : (k << 2) + 4]
         count = len(draft) >> 2
@@ -363,7 +423,11 @@ class StreamService:
         if count:
             t.drafts += 1
             t.draft_tokens += count
+        stream.logits = None
         if guess and count == k and self.prefetcher is not None:
+            if logits is not None and len(logits) > k:
+                stream.logits = logits[: k + 1]
+            stream.replied_at = perf_counter()
             self.prefetcher.submit(stream, draft, guess, k)
         lookup = lookup and count > 0
         if not stream.dist:

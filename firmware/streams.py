@@ -8,11 +8,16 @@ stream's handle or a guessed one is refused, never served.
 from __future__ import annotations
 
 import secrets
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 from exstill_sdk.errors import CardFullError, InvalidArgumentError, StreamHandleError
 
 from .engines.base import DraftEngine, EngineState, Sampling
+
+if TYPE_CHECKING:
+    from .outcomes import OutcomeSet
 
 MAX_SLOTS = 255
 
@@ -27,6 +32,8 @@ class PrefetchResult(NamedTuple):
     dists: tuple | None
     lookup: bool = False
     """Proposal.lookup."""
+    logits: np.ndarray | None = None
+    """Proposal.logits."""
 
 
 LOCAL, NETWORK, REMOTE = "local", "network", "remote"
@@ -60,16 +67,21 @@ class Stream:
         "dist",
         "engine",
         "handle",
+        "logits",
         "max_k",
+        "outcomes",
+        "outcomes_scheduled",
         "pending",
         "pending_parents",
         "prefetch",
         "prefetch_scheduled",
+        "replied_at",
         "sampling",
         "session",
         "slot",
         "state",
         "version",
+        "window",
     )
 
     def __init__(
@@ -99,8 +111,19 @@ class Stream:
         self.pending_parents: bytes | None = None
         """The last draft's parents (u8 each) when it was a tree (COMMIT_TREE names a path of
         it); None for a chain."""
+        self.logits: np.ndarray | None = None
+        """The logits the pending chain draft and its guess were chosen from, when kept
+        (EngineState.keep_logits): what the card ranks other outcomes by."""
         self.prefetch: PrefetchResult | None = None
         self.prefetch_scheduled = False
+        self.outcomes: OutcomeSet | None = None
+        """Drafts made ahead for outcomes other than the full-acceptance one."""
+        self.outcomes_scheduled = False
+        self.replied_at = 0.0
+        """perf_counter() when the card last replied with a draft."""
+        self.window = 0.0
+        """Seconds the host takes from a draft reply to its COMMIT (moving average; 0:
+        not seen yet): the time the card may spend drafting ahead."""
         self.version = 0
         """Sequence counter: odd while the context is being changed, bumped by 2 per change.
         The prefetch worker keeps a result only if the version was even and unchanged
@@ -114,6 +137,8 @@ class Stream:
         self.version += 1
         self.prefetch = None
         self.prefetch_scheduled = False
+        self.outcomes = None
+        self.outcomes_scheduled = False
 
     def end_change(self) -> None:
         self.version += 1
@@ -159,7 +184,7 @@ class StreamTable:
 
     def remove(self, stream: Stream) -> None:
         stream.closed = True
-        stream.prefetch = None
+        stream.prefetch, stream.outcomes, stream.logits = None, None, None
         stream.state.close()
         self.slots[stream.slot] = None
         del self.by_handle[stream.handle]

@@ -20,8 +20,13 @@ class Telemetry:
         "frames_dropped",
         "images_set_aside",
         "prefetch_hits",
+        "prefetch_hits_by_accepted",
         "prefetch_late",
         "prefetch_misses",
+        "prefetch_outcome_hits",
+        "prefetch_outcome_partial",
+        "prefetch_outcomes_late",
+        "prefetch_wasted_tokens",
         "rounds",
         "started",
         "streams_opened",
@@ -38,6 +43,18 @@ class Telemetry:
         self.prefetch_hits = 0
         self.prefetch_misses = 0
         self.prefetch_late = 0
+        self.prefetch_hits_by_accepted = [0] * 256  # a COMMIT accepts a u8 count
+        """Hits by the number of drafted tokens the host accepted."""
+        self.prefetch_outcome_hits = 0
+        """Hits on a draft made ahead for an outcome other than full acceptance with the
+        card's guessed bonus token (firmware/outcomes.py)."""
+        self.prefetch_outcome_partial = 0
+        """Misses answered by finishing a draft begun ahead for that outcome (the outcome work
+        stopped before it was done)."""
+        self.prefetch_outcomes_late = 0
+        """COMMITs that came before the drafts ahead for other outcomes were done."""
+        self.prefetch_wasted_tokens = 0
+        """Tokens drafted ahead for outcomes that did not happen."""
         self.streams_opened = 0
         self.admin_refused = 0
         """Requests refused for want of the admin key (NOT_AUTHORIZED), AUTH failures included."""
@@ -57,10 +74,21 @@ class Telemetry:
             "prefetch_hits": self.prefetch_hits,
             "prefetch_misses": self.prefetch_misses,
             "prefetch_late": self.prefetch_late,
+            "prefetch_outcome_hits": self.prefetch_outcome_hits,
+            "prefetch_outcome_partial": self.prefetch_outcome_partial,
+            "prefetch_outcomes_late": self.prefetch_outcomes_late,
+            "prefetch_wasted_tokens": self.prefetch_wasted_tokens,
             "streams_open": streams_open,
             "streams_opened": self.streams_opened,
             "images_set_aside": self.images_set_aside,
             "admin_refused": self.admin_refused,
         }
+        out.update(
+            {
+                f"prefetch_hits.accepted_{j}": n
+                for j, n in enumerate(self.prefetch_hits_by_accepted)
+                if n
+            }
+        )
         out.update({f"errors.{ErrorCode(c).name.lower()}": n for c, n in self.errors.items()})
         return out

@@ -49,9 +49,9 @@ def tiny_image(
 
 
 @contextmanager
-def served(runtime: CardRuntime, port: int = 0) -> Iterator[TcpCardServer]:
+def served(runtime: CardRuntime, port: int = 0, poll_s: float = 0.0) -> Iterator[TcpCardServer]:
     """``runtime`` served on a loopback TCP port from a thread; stopped and shut down after."""
-    server = TcpCardServer(runtime, port=port)
+    server = TcpCardServer(runtime, port=port, poll_s=poll_s)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

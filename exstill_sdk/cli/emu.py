@@ -118,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="TCP connections served at once; more are answered CARD_FULL (default 64)",
     )
     p.add_argument("--no-prefetch", action="store_true", help="disable next-draft prefetch")
+    p.add_argument(
+        "--no-outcomes",
+        action="store_true",
+        help="prefetch for full acceptance only, not for the other likely verification outcomes",
+    )
+    p.add_argument(
+        "--poll-ms",
+        type=float,
+        default=0.0,
+        help="after each reply, poll the link this long before sleeping, as a card's firmware "
+        "does (a woken process can take hundreds of us to run on a shared machine); spends "
+        "the core it runs on, so give the emulator a core of its own (default 0: sleep)",
+    )
     p.add_argument("--json", action="store_true", help="print the first line as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="log connections to stderr")
     return p
@@ -160,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 images=tuple(args.image),
                 max_k=args.max_k,
                 prefetch=not args.no_prefetch,
+                prefetch_outcomes=not args.no_outcomes,
                 threads=args.threads,
                 store=args.store,
                 store_max_bytes=None
@@ -180,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 listen.port,
                 args.max_connections,
                 remote_needs_key=not args.insecure,
+                poll_s=args.poll_ms / 1e3,
             )
         )
     except OSError as exc:

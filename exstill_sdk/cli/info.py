@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from exstill_sdk.cli.support import EXIT_OK, Parser, UsageError, run
+from exstill_sdk.support.prefetch import describe, prefetch_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +53,7 @@ def snapshot(url: str, key: str | None = None) -> dict[str, Any]:
             for t in info.targets
         ],
         "telemetry": stats,
+        "prefetch": prefetch_report(stats),
     }
 
 
@@ -75,9 +77,9 @@ def _human(s: dict[str, Any]) -> str:
     rounds = t.get("rounds", 0)
     lines.append(
         f"  rounds    {rounds}, drafted {t.get('draft_tokens', 0)}, accepted "
-        f"{t.get('accepted_tokens', 0)}, prefetch hits {t.get('prefetch_hits', 0)}"
-        f"/{t.get('prefetch_hits', 0) + t.get('prefetch_misses', 0) + t.get('prefetch_late', 0)}"
+        f"{t.get('accepted_tokens', 0)}"
     )
+    lines.append(f"  prefetch  {describe(prefetch_report(t))}")
     errors = {k: v for k, v in t.items() if k.startswith("errors.") and v}
     lines.append("  errors    " + (", ".join(f"{k[7:]} {v}" for k, v in errors.items()) or "none"))
     lines.append(f"  frames    {t.get('frames', 0)} served, {t.get('frames_dropped', 0)} dropped")

@@ -11,6 +11,7 @@ from typing import Literal
 from exstill_sdk.cli.plan import add_parser as add_plan_parser
 from exstill_sdk.cli.plan import run_plan
 from exstill_sdk.cli.support import EXIT_FAILED, EXIT_OK, Parser, run
+from exstill_sdk.support.prefetch import describe
 
 MAX_K = 8
 SEPARATOR = "\n──── continuation: the target's own tokens, drafted by the card ────\n"
@@ -125,6 +126,7 @@ def _report(result: object) -> str:
         f"acceptance by position {per_pos} (drafts whose i-th token was kept)\n"
         f"prefetch hits {m.prefetch_hits} of {m.rounds} rounds: next draft made while the "
         "target verified\n"
+        f"card prefetch {describe(result.card_prefetch)}\n"
         f"K chosen      {chosen}\n"
         "shape chosen  "
         + (

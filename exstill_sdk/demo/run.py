@@ -22,6 +22,7 @@ from exstill_sdk.errors import ExstillError, UnknownModelError
 from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
 from exstill_sdk.harness.speedup import SpeedupRun, measure_speedup
 from exstill_sdk.protocol.constants import Features
+from exstill_sdk.support.prefetch import prefetch_report
 
 DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
 """A prompt after which the demo target writes varied text: after others (``def
@@ -39,6 +40,8 @@ class DemoResult:
     card: str
     placement: str
     run: SpeedupRun
+    card_prefetch: dict[str, Any]
+    """The card's prefetch counters over the runs (exstill_sdk.support.prefetch)."""
 
     @property
     def identical(self) -> bool:
@@ -58,6 +61,7 @@ class DemoResult:
             "card": self.card,
             "placement": self.placement,
             **self.run.to_dict(),
+            "card_prefetch": self.card_prefetch,
         }
 
 
@@ -144,9 +148,11 @@ def run_demo(
                 on_text(text[len(shown) :])
                 shown = text
 
+        before = card.stats()
         run = measure_speedup(
             model, decoder, [prompt_ids], budget, runs=runs, on_token=show, on_stage=on_stage
         )
+        card_prefetch = prefetch_report(card.stats(), before)
     return DemoResult(
         prompt=prompt,
         text=tokenizer.decode(run.tokens),
@@ -154,4 +160,5 @@ def run_demo(
         card=url or "emulator",
         placement=placement,
         run=run,
+        card_prefetch=card_prefetch,
     )

@@ -114,3 +114,10 @@ def demo_target(
             "CPU's cache: a step is bound by arithmetic)",
         )
     raise InvalidArgumentError(f"unknown demo target {name!r}; choose one of {', '.join(TARGETS)}")
+
+
+def sized_target(size: str, *, progress: bool = False) -> DemoTarget:
+    """``small``, ``large`` or a hidden size (digits) to expand the demo target to."""
+    if size in ("small", "large"):
+        return demo_target(size, progress=progress)
+    return expanded_target(int(size), progress=progress)

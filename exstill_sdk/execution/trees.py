@@ -50,8 +50,9 @@ class TreeRunner:
             # With nothing cached, onnxruntime's attention takes the run for a prompt and
             # applies neither position ids nor the bias: the context goes first on its own.
             first = d.prefill(row, np.asarray(prefix, np.int64), 0)
-            return np.concatenate([first, self._run(row, len(prefix), [], tokens, parents)])
-        return self._run(row, start, prefix, tokens, parents)
+            rest = self._run(row, len(prefix), [], tokens, depths(parents), ancestry(parents))
+            return np.concatenate([first, rest])
+        return self._run(row, start, prefix, tokens, depths(parents), ancestry(parents))
 
     def grow(
         self, row: int, context: int, tokens: Sequence[int], parents: Sequence[int], first: int
@@ -61,33 +62,49 @@ class TreeRunner:
         node. A drafting engine grows its tree a batch of nodes at a time this way."""
         if context <= 0 or not 0 <= first < len(tokens):
             raise InvalidArgumentError("a tree grows after cached context, by at least one node")
-        if context + len(tokens) > self.decoder.positions:
+        return self.add_nodes(
+            row, context, tokens[first:], depths(parents)[first:], ancestry(parents)[first:]
+        )
+
+    def add_nodes(
+        self,
+        row: int,
+        context: int,
+        tokens: Sequence[int],
+        node_depths: Sequence[int],
+        visible: np.ndarray,
+    ) -> np.ndarray:
+        """``grow`` for a caller that keeps the tree's layout itself: the new nodes' tokens,
+        depths (1: a child of the context) and ``visible`` [new, nodes] (True where a node
+        sees a node: itself and its ancestors, every node fed so far and the new ones last)."""
+        total = context + visible.shape[1]
+        if total > self.decoder.positions:
             raise InvalidArgumentError(
-                f"a tree of {len(tokens)} after {context} tokens exceeds the "
+                f"a tree of {visible.shape[1]} after {context} tokens exceeds the "
                 f"{self.decoder.positions} positions"
             )
-        return self._run(row, context, [], tokens, parents, first)
+        return self._run(row, context, [], tokens, node_depths, visible)
 
     def _run(
         self, row: int, start: int, prefix: Sequence[int], tokens: Sequence[int],
-        parents: Sequence[int], first: int = 0,
+        node_depths: Sequence[int], visible: np.ndarray,
     ) -> np.ndarray:  # fmt: skip
         """One run of the tree graph with at least one cached token (``start`` > 0); logits
-        after the prefix's last token (when there is a prefix) and after each node from
-        ``first`` on (the nodes before it are cached already, after the context)."""
+        after the prefix's last token (when there is a prefix) and after each of the new nodes
+        ``tokens`` (whose depths and visibility over every node are given; the nodes before
+        them are cached already, after the context)."""
         d = self.decoder
-        p, n = len(prefix), len(tokens)
-        new = n - first
+        p, new = len(prefix), len(tokens)
         context = start + p
-        total = context + n
-        ids = np.asarray([*prefix, *tokens[first:]], np.int64)[None, :]
-        node_positions = context - 1 + np.asarray(depths(parents)[first:], np.int64)
+        total = context + visible.shape[1]
+        ids = np.asarray([*prefix, *tokens], np.int64)[None, :]
+        node_positions = context - 1 + np.asarray(node_depths, np.int64)
         positions = np.concatenate([np.arange(start, context), node_positions])
         bias = np.full((1, 1, p + new, total), -np.inf, np.float32)
         bias[0, 0, :, :start] = 0
         bias[0, 0, :p, start:context] = np.where(np.tril(np.ones((p, p), bool)), 0, -np.inf)
         bias[0, 0, p:, start:context] = 0
-        bias[0, 0, p:, context:] = np.where(ancestry(parents)[first:], 0, -np.inf)
+        bias[0, 0, p:, context:] = np.where(visible, 0, -np.inf)
         io = d.kv_binding(row, row + 1, "tree", self.session)
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))

@@ -153,6 +153,10 @@ class Features(IntFlag):
     """The card holds flashed images (UPLOAD_*, ACTIVATE, CONFIRM, REVERT, ERASE, LIST_IMAGES)."""
     TREES = 0x08
     """The card drafts token trees (DRAFT_TREE, COMMIT_TREE), up to MAX_TREE_NODES nodes."""
+    OUTCOMES = 0x10
+    """The card drafts ahead for several verification outcomes, not only full acceptance
+    (docs/protocol.md section 8): a COMMIT of any of them is answered at once, with
+    PREFETCH_HIT. Nothing on the wire changes; STATS counts hits by accepted length."""
 
 
 class ImageState(IntEnum):

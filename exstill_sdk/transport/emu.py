@@ -2,7 +2,8 @@
 
 Query parameters: ``streams`` (slots, default 12), ``context`` (tokens per slot, 16384),
 ``engine`` (comma-separated built-in engines, ``lookup``), ``image`` (comma-separated card image
-paths, one target each), ``max_k`` (16), ``prefetch`` (1/0), ``threads`` (compute threads of
+paths, one target each), ``max_k`` (16), ``prefetch`` (1/0), ``outcomes`` (1/0: prefetch for
+other verification outcomes too, not only full acceptance), ``threads`` (compute threads of
 the transformer engines; 0, the default, lets onnxruntime use every core; 1 leaves the other
 cores to the host, as a card's own silicon would).
 A request is served inside ``send_frame`` on the caller's thread: no socket and no thread
@@ -47,6 +48,7 @@ class EmuTransport(Transport):
             context=int_param(params, "context", card.context),
             max_k=int_param(params, "max_k", card.max_k),
             prefetch=bool(int_param(params, "prefetch", int(card.prefetch))),
+            prefetch_outcomes=bool(int_param(params, "outcomes", int(card.prefetch_outcomes))),
             threads=int_param(params, "threads", card.threads),
             store=params.pop("store", None),
             engines=tuple(params.pop("engine", ",".join(card.engines)).split(",")),
@@ -55,7 +57,7 @@ class EmuTransport(Transport):
         if params:
             raise BadURLError(
                 f"unknown emu:// option(s) {', '.join(params)}; known: streams, context, "
-                "engine, image, store, max_k, prefetch, threads"
+                "engine, image, store, max_k, prefetch, outcomes, threads"
             )
         try:
             return cls(build_runtime(options), owns_runtime=True)

@@ -16,6 +16,8 @@ happens to carry the HELLO opcode drops nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from exstill_sdk.protocol.constants import Opcode
 from exstill_sdk.protocol.frame import is_whole_frame
 from exstill_sdk.protocol.framing import Deframer, encode_stream_frame
@@ -59,9 +61,10 @@ class HostLink:
             deframer.dropped = 0
         return replies[0] if len(replies) == 1 else b"".join(replies)
 
-    def after_replies(self) -> None:
-        """Draft ahead while the host verifies (the runtime's queued prefetch work)."""
-        self.runtime.run_prefetch()
+    def after_replies(self, stop: Callable[[], bool] | None = None) -> None:
+        """Draft ahead while the host verifies (the runtime's queued prefetch work);
+        ``stop``: whether the host's next bytes are waiting to be read."""
+        self.runtime.run_prefetch(stop)
 
     def close(self) -> None:
         """The host is gone: its streams are freed."""

@@ -30,6 +30,8 @@ class CardOptions:
     """Card images loaded as targets (checked in full first)."""
     max_k: int = DEFAULT_MAX_K
     prefetch: bool = True
+    prefetch_outcomes: bool = True
+    """Draft ahead for other verification outcomes too, not only full acceptance."""
     threads: int = 0
     """Compute threads per transformer engine (0: one per core)."""
     store: str | None = None
@@ -73,6 +75,7 @@ def build_runtime(options: CardOptions, *, background_prefetch: bool = True) -> 
         max_k=options.max_k,
         prefetch=options.prefetch,
         background_prefetch=background_prefetch,
+        prefetch_outcomes=options.prefetch_outcomes,
         threads=options.threads,
         admin_key=options.admin_key,
     )

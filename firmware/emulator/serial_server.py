@@ -67,7 +67,7 @@ class PtyCardServer:
                 replies = link.feed(data)
                 if replies:
                     os.write(self.master, replies)
-                link.after_replies()
+                link.after_replies(lambda: bool(select.select([self.master], [], [], 0)[0]))
         finally:
             link.close()
             for fd in (self.master, self._terminal, self._stop_r, self._stop_w):

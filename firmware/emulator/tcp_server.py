@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import select
 import socket
 import threading
+import time
 from contextlib import suppress
 
 from exstill_sdk.errors import InvalidArgumentError
@@ -46,11 +48,19 @@ class TcpCardServer:
         port: int = 0,
         max_connections: int = MAX_CONNECTIONS,
         remote_needs_key: bool = True,
+        poll_s: float = 0.0,
     ) -> None:
         """``remote_needs_key``: a client on another host must prove the runtime's admin key
-        for every request (False: for administration only, as on loopback)."""
+        for every request (False: for administration only, as on loopback). ``poll_s``: after
+        its replies and prefetch work, a connection's thread polls the socket this long before
+        it sleeps in ``recv``, as a card's firmware polls its link (a process woken from sleep
+        on a shared machine can take hundreds of microseconds to run); it spends a core doing
+        so, so it is for an emulator on a core of its own."""
         if max_connections < 1:
             raise InvalidArgumentError(f"max_connections must be at least 1, not {max_connections}")
+        if poll_s < 0:
+            raise InvalidArgumentError(f"poll time must be 0 or more, not {poll_s}")
+        self.poll_s = poll_s
         self.runtime = runtime
         self.max_connections = max_connections
         self.remote_needs_key = remote_needs_key
@@ -158,6 +168,8 @@ class TcpCardServer:
         log.info("client %s connected", peer)
         try:
             while True:
+                if self.poll_s:
+                    _poll(sock, self.poll_s)
                 try:
                     n = sock.recv_into(buffer)
                 except TimeoutError:
@@ -167,7 +179,7 @@ class TcpCardServer:
                 replies = host_link.feed(buffer[:n])
                 if replies:
                     sock.sendall(replies)
-                host_link.after_replies()
+                host_link.after_replies(lambda: _readable(sock))
         except OSError as exc:
             why = str(exc) or type(exc).__name__
         except PowerCut:
@@ -180,3 +192,14 @@ class TcpCardServer:
             with self._lock:
                 self._clients.pop(sock, None)
             log.info("client %s gone: %s", peer, why)
+
+
+def _readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def _poll(sock: socket.socket, seconds: float) -> None:
+    """Return when ``sock`` is readable or ``seconds`` have passed, without sleeping."""
+    until = time.perf_counter() + seconds
+    while not _readable(sock) and time.perf_counter() < until:
+        pass

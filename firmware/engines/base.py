@@ -7,9 +7,11 @@ context and from a proposal into the reply frame, without a per-token conversion
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.protocol.constants import TREE_ROOT, ModelKind
@@ -37,6 +39,22 @@ class Proposal(NamedTuple):
     lookup: bool = False
     """Prompt lookup drafted it inside a model's stream (engines/hybrid.py): the reply says so
     (DraftFlags.LOOKUP)."""
+    logits: np.ndarray | None = None
+    """[tokens, vocab]: row i the logits token i+1 was chosen from, kept when the engine was
+    asked to (``keep_logits``) so that the card can draft ahead for other outcomes
+    (firmware/outcomes.py); None otherwise."""
+
+
+class OutcomeDraft(NamedTuple):
+    """A draft made ahead for one verification outcome of the pending draft: its first ``j``
+    tokens accepted and the target's token ``b`` after them."""
+
+    committed: bytes
+    """What the COMMIT of that outcome commits: the first j drafted tokens and b (u32 LE)."""
+    proposal: Proposal
+    """What drafting after it gives: tokens (and distributions, logits)."""
+    nodes: tuple[int, ...]
+    """The engine's own record of where the draft's cache entries are (``adopt_outcome``)."""
 
 
 class TreeProposal(NamedTuple):
@@ -56,6 +74,10 @@ class EngineState(ABC):
     """One stream's state inside an engine. ``propose`` may run on the prefetch worker while
     the runtime serves other streams; an engine whose ``propose`` writes shared state (the
     transformer's KV cache) serialises it itself."""
+
+    keep_logits: bool = False
+    """Proposals keep their logits (``Proposal.logits``) where the engine has them: the card
+    drafts ahead for several outcomes (firmware/outcomes.py)."""
 
     @property
     @abstractmethod
@@ -84,6 +106,27 @@ class EngineState(ABC):
         return TreeProposal(
             proposal.tokens, chain_parents(len(proposal.tokens) >> 2), proposal.lookup
         )
+
+    def draft_outcomes(
+        self,
+        pending: bytes,
+        roots: Sequence[tuple[int, int]],
+        count: int,
+        stop: Callable[[], bool],
+    ) -> list[OutcomeDraft] | None:
+        """Draft ``count`` tokens after each of several outcomes of the pending draft
+        ``pending`` (u32 LE), (j, b) each: its first j tokens then token b. When ``stop()``
+        says to give up between steps, the drafts hold the tokens made so far. None when the
+        engine cannot (the default) or made nothing."""
+        return None
+
+    def finish_draft(self, k: int, made: bytes) -> Proposal:
+        """The rest of a draft whose first tokens ``made`` (u32 LE, after the committed
+        context) were drafted ahead: ``k`` more, as drafting the whole would make them."""
+        return self.propose(k, made)
+
+    def adopt_outcome(self, draft: OutcomeDraft) -> None:  # noqa: B027 - optional hook
+        """``draft``'s outcome was committed (``extend`` ran): keep the work it cached."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """The stream closed: release what the state holds."""

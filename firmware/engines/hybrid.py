@@ -11,11 +11,12 @@ repeating. Lookup drafts are deterministic (no distribution), as the lookup engi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
 
 from exstill_sdk.protocol.messages import TreeRequest
 
-from .base import DraftEngine, EngineState, Proposal, Sampling, TreeProposal
+from .base import DraftEngine, EngineState, OutcomeDraft, Proposal, Sampling, TreeProposal
 from .lookup import LookupEngine
 
 MIN_N = 3
@@ -35,6 +36,38 @@ class HybridState(EngineState):
     @property
     def length(self) -> int:
         return self.model.length
+
+    @property  # type: ignore[override]
+    def keep_logits(self) -> bool:
+        return self.model.keep_logits
+
+    @keep_logits.setter
+    def keep_logits(self, keep: bool) -> None:
+        self.model.keep_logits = keep
+
+    def draft_outcomes(
+        self,
+        pending: bytes,
+        roots: Sequence[tuple[int, int]],
+        count: int,
+        stop: Callable[[], bool],
+    ) -> list[OutcomeDraft] | None:
+        """The model's, for a draft the model made (lookup's drafts keep no logits, so the
+        card does not ask), and only for outcomes after which lookup has nothing: where it
+        has, the draft after that outcome is lookup's."""
+        roots = [
+            (j, b)
+            for j, b in roots
+            if not self.lookup.propose(1, pending[: 4 * j] + struct.pack("<I", b)).tokens
+        ]
+        return self.model.draft_outcomes(pending, roots, count, stop) if roots else None
+
+    def adopt_outcome(self, draft: OutcomeDraft) -> None:
+        self.model.adopt_outcome(draft)
+
+    def finish_draft(self, k: int, made: bytes) -> Proposal:
+        """The model's: the draft begun ahead was the model's (lookup had nothing there)."""
+        return self.model.finish_draft(k, made)
 
     def extend(self, tokens: bytes) -> None:
         self.model.extend(tokens)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,13 +36,8 @@ from exstill_sdk.protocol.constants import TREE_ROOT, ModelKind
 from exstill_sdk.protocol.messages import Distribution, TreeRequest
 from exstill_sdk.support.tokens import common_prefix
 
-from .base import DraftEngine, EngineState, Proposal, Sampling, TreeProposal
-from .sampling import choose
-
-RANK_TEMPERATURE = 0.5
-"""A tree's nodes are ranked by the draft's distribution sharpened by this temperature: the
-demo draft is right more often than its top probability says, and at 1.0 its probabilities
-spread a tree too wide (docs/benchmarks.md, token trees)."""
+from .base import DraftEngine, EngineState, OutcomeDraft, Proposal, Sampling, TreeProposal
+from .sampling import choose, ranking_probs
 
 
 def _pack(tokens: Sequence[int]) -> bytes:
@@ -141,6 +136,87 @@ class TransformerEngine(DraftEngine):
                 grown.offer(beam, logits)
             return grown.best(shape.nodes)
 
+    def draft_outcomes(
+        self,
+        state: TransformerState,
+        pending: bytes,
+        roots: Sequence[tuple[int, int]],
+        count: int,
+        stop: Callable[[], bool],
+    ) -> list[OutcomeDraft] | None:
+        """Draft ``count`` tokens after each outcome (j, b) of the pending chain draft at once:
+        the chain's tokens cached after the context are a tree's first nodes (a chain), each
+        outcome's ``b`` is a new node under the chain's j-th token, and each pass of the tree
+        graph feeds one more token of every outcome's draft (chosen as a chain draft chooses
+        it: the same logits, the same counter-based sampling position). ``count`` passes; the
+        lock is let go between them, and ``stop()`` ends the work between passes: the drafts
+        then hold the tokens made so far (None when no pass ran)."""
+        with self.lock:
+            n = len(state.tokens) >> 2
+            cached = bytes(state.cached)
+            fed = (len(cached) >> 2) - n
+            width = len(roots)
+            total = fed + width * count
+            if (
+                not n
+                or fed < len(pending) >> 2
+                or not cached.startswith(state.tokens + pending)
+                or max(j for j, _ in roots) > len(pending) >> 2
+                or n + total > self.positions
+            ):
+                return None
+            if self._trees is None:
+                self._trees = TreeRunner(self.image, self.runner, self.threads)
+        visible = np.zeros((total, total), bool)
+        visible[:fed, :fed] = np.tril(np.ones((fed, fed), bool))
+        parents = np.array([j - 1 for j, _ in roots])  # -1: the context
+        nodes = np.arange(fed, fed + width)
+        visible[nodes] = np.where(parents[:, None] >= 0, visible[np.maximum(parents, 0)], False)
+        visible[nodes, nodes] = True
+        feed = [b for _, b in roots]
+        depth = np.array([j + 1 for j, _ in roots])
+        keep = state.keep_logits
+        out = np.zeros((width, count), np.int64)
+        rows = np.empty((width, count, self.vocab_size), np.float32) if keep else None
+        dists: list[list[Distribution | None]] = [[] for _ in roots]
+        done = 0  # passes run: each outcome has that many tokens
+        for level in range(count):
+            if stop():
+                break
+            with self.lock:
+                if state.cached[: len(cached)] != cached or (len(state.tokens) >> 2) != n:
+                    return None  # the stream changed between passes
+                logits = self._trees.add_nodes(
+                    state.row, n, feed, depth.tolist(), visible[nodes, : nodes[-1] + 1]
+                )
+            for r in range(width):
+                position = state.evicted + n + int(depth[r])  # the drafted token's
+                token, dist = choose(logits[r], state.sampling, position)
+                out[r, level] = token
+                dists[r].append(dist)
+            if rows is not None:
+                rows[:, level] = logits
+            done = level + 1
+            if level + 1 < count:  # the tokens just drafted are the next pass's nodes
+                nodes, previous = nodes + width, nodes
+                visible[nodes] = visible[previous]
+                visible[nodes, nodes] = True
+                feed = out[:, level].tolist()
+                depth = depth + 1
+        if not done:
+            return None
+        drafts = []
+        for r, (j, b) in enumerate(roots):
+            path = (*range(j), *(fed + level * width + r for level in range(done)))
+            sampled = None if state.sampling.greedy else tuple(d for d in dists[r] if d)
+            proposal = Proposal(
+                _pack(out[r, :done].tolist()),
+                sampled,
+                logits=None if rows is None else rows[r, :done],
+            )
+            drafts.append(OutcomeDraft(pending[: 4 * j] + struct.pack("<I", b), proposal, path))
+        return drafts
+
     def propose_many(self, jobs: Sequence[tuple[EngineState, int, bytes]]) -> list[Proposal]:
         with self.lock:
             plans = [_Plan.start(self, state, k, branch) for state, k, branch in jobs]  # type: ignore[arg-type]
@@ -187,9 +263,7 @@ class _Growth:
         """The ``top_k`` likeliest children of each of ``parents`` (-1: the context), from
         their rows of logits; they become the newest level."""
         rows = [parents] if isinstance(parents, int) else parents
-        z = (logits - logits.max(axis=-1, keepdims=True)) / RANK_TEMPERATURE
-        probs = np.exp(z)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        probs = ranking_probs(logits)
         k = min(self.top_k, probs.shape[-1])
         top = np.argpartition(-probs, k - 1, axis=-1)[:, :k]
         self.level = []
@@ -227,6 +301,8 @@ class _Plan:
     logits: np.ndarray | None = None
     out: list[int] = field(default_factory=list)
     dists: list[Distribution | None] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
+    """Copies of the logits each token was chosen from (``EngineState.keep_logits``)."""
 
     @classmethod
     def start(
@@ -262,11 +338,13 @@ class _Plan:
         token, dist = choose(self.logits, s.sampling, s.evicted + self.position + 1)
         self.out.append(token)
         self.dists.append(dist)
+        if s.keep_logits:
+            self.rows.append(self.logits.copy())
         self.feed, self.position, self.logits = token, self.position + 1, None
 
     def proposal(self) -> Proposal:
         dists = None if self.state.sampling.greedy else tuple(d for d in self.dists if d)
-        return Proposal(_pack(self.out), dists)
+        return Proposal(_pack(self.out), dists, logits=np.stack(self.rows) if self.rows else None)
 
 
 class TransformerState(EngineState):
@@ -310,6 +388,26 @@ class TransformerState(EngineState):
         if shape.top_k < 2 or not self.sampling.greedy or self.long_context:
             return super().propose_tree(shape)
         return self.engine.draft_tree(self, shape)
+
+    def draft_outcomes(
+        self,
+        pending: bytes,
+        roots: Sequence[tuple[int, int]],
+        count: int,
+        stop: Callable[[], bool],
+    ) -> list[OutcomeDraft] | None:
+        if self.long_context or not roots or count < 1:
+            return None
+        return self.engine.draft_outcomes(self, pending, roots, count, stop)
+
+    def adopt_outcome(self, draft: OutcomeDraft) -> None:
+        """Move the outcome's cache entries (tree slots) to where a chain puts them."""
+        with self.engine.lock:
+            assert self.engine._trees is not None
+            n = (len(self.tokens) - len(draft.committed)) >> 2
+            self.engine._trees.keep(self.row, n, draft.nodes)
+            fed = draft.proposal.tokens[: 4 * (len(draft.nodes) - (len(draft.committed) >> 2))]
+            self.cached = self.tokens + fed
 
     def close(self) -> None:
         if not self._closed:

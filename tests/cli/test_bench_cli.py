@@ -301,3 +301,32 @@ def test_shapes_bench_runs_every_way_exactly() -> None:
         [script("exstill-bench"), "shapes", "--repeats", "0"], capture_output=True, text=True
     )
     assert refused.returncode == 2 and "--repeats" in refused.stderr
+
+
+def test_prefetch_bench_counts_both_ways_exactly() -> None:
+    """Full-acceptance prefetch against prefetch for several outcomes on the small demo
+    target: the card's own counters per way, every round's reply timed, exact output (the
+    figures themselves are not judged here)."""
+    args = ["--target", "small", "--prompts", "1", "--new-tokens", "40", "--repeats", "1"]
+    out = subprocess.run(
+        [script("exstill-bench"), "prefetch", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert [row["way"] for row in result["rows"]] == ["full acceptance only", "several outcomes"]
+    for row in result["rows"]:
+        assert row["identical"] is True
+        (report,) = row["prefetch_by_run"]
+        assert report["rounds"] == row["rounds"] > 0
+        assert report["hits"] + report["misses"] + report["late"] == report["rounds"]
+        assert sum(report["hits_by_accepted"].values()) == report["hits"]
+        assert row["ping_after_verify_us"]["median"] > 0
+    full = result["rows"][0]["prefetch_by_run"][0]
+    assert full["outcome_hits"] == full["outcome_partial"] == 0  # that card drafts none
+    bad = subprocess.run(
+        [script("exstill-bench"), "prefetch", "--target", "tiny"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--target: 'tiny' is not small, large" in bad.stderr

@@ -14,10 +14,8 @@ torch = pytest.importorskip("torch")
 from exstill_firmware import CardRuntime  # noqa: E402
 from exstill_firmware.engines.base import Sampling  # noqa: E402
 from exstill_firmware.engines.lookup import LookupEngine  # noqa: E402
-from exstill_firmware.engines.transformer import (  # noqa: E402
-    RANK_TEMPERATURE,
-    TransformerEngine,
-)
+from exstill_firmware.engines.sampling import RANK_TEMPERATURE  # noqa: E402
+from exstill_firmware.engines.transformer import TransformerEngine  # noqa: E402
 
 from exstill_sdk.card import Card  # noqa: E402
 from exstill_sdk.errors import InvalidArgumentError  # noqa: E402

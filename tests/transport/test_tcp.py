@@ -9,6 +9,7 @@ import pytest
 from exstill_firmware.emulator import TcpCardServer
 
 from exstill_sdk import LinkTimeoutError, TransportError, open_card
+from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.protocol.constants import Opcode
 from exstill_sdk.protocol.frame import encode_frame
 from exstill_sdk.protocol.framing import encode_stream_frame
@@ -24,6 +25,42 @@ def test_one_write_per_frame_and_replies(tcp_server: TcpCardServer) -> None:
         assert reply[1] == Opcode.PING | 0x80 and reply[12:17] == b"hello"
     finally:
         t.close()
+
+
+def test_a_polling_server_serves_rounds_as_a_sleeping_one() -> None:
+    """A server that polls its sockets between reads (exstill-emu --poll-ms) answers what one
+    that sleeps in recv answers: rounds with prefetch hits, two clients at once."""
+    from exstill_firmware import CardRuntime
+
+    from exstill_sdk.protocol.drafts import Verdict
+
+    from ..helpers import served
+
+    period = [3, 1, 4, 1, 5, 9, 2, 6]
+    text = period * 8
+
+    def following(n: int, count: int) -> list[int]:
+        return [period[(n + i) % 8] for i in range(count)]
+
+    runtime = CardRuntime(4, 1024, background_prefetch=False)
+    with (
+        served(runtime, poll_s=0.05) as server,
+        open_card(server.url) as a,
+        open_card(server.url) as b,
+    ):
+        streams = [card.open_stream("lookup") for card in (a, b)]
+        for stream in streams:
+            stream.prefill(text)
+            assert list(stream.draft(4).tokens) == following(len(text), 4)
+        n = len(text)
+        for _ in range(5):  # every draft accepted, the bonus the text's next token
+            bonus = following(n + 4, 1)[0]
+            drafts = [s.commit(Verdict(4, bonus), 4) for s in streams]
+            n += 5
+            assert all(list(d.tokens) == following(n, 4) for d in drafts)
+        assert a.stats()["prefetch_hits"] == 10  # one card: both clients' rounds
+    with pytest.raises(InvalidArgumentError, match="poll"):
+        TcpCardServer(CardRuntime(1, 64), poll_s=-1)
 
 
 def test_corrupted_stream_resynchronises(tcp_server: TcpCardServer) -> None:

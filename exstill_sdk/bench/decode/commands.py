@@ -1,6 +1,7 @@
 """exstill-bench's decoding benchmarks: plain against speculative decoding (spec), the demo
-pair end to end, by target size and by users (e2e), token trees against chains (trees), and
-one user's shape chosen per round against chains only (shapes)."""
+pair end to end, by target size and by users (e2e), token trees against chains (trees),
+one user's shape chosen per round against chains only (shapes), and prefetch for several
+verification outcomes against full acceptance only (prefetch)."""
 
 from __future__ import annotations
 
@@ -110,16 +111,33 @@ def register(sub: Subcommands) -> None:
     shapes.add_argument("--repeats", type=int, default=3, help="alternating repeats (default 3)")
     shapes.add_argument("--json", action="store_true", help="print one JSON object")
     shapes.set_defaults(handler=_shapes)
+    ahead = sub.add_parser(
+        "prefetch",
+        help="the card drafting ahead for several verification outcomes against full "
+        "acceptance only: hit rate, reply times, the link's floor",
+    )
+    ahead.add_argument(
+        "--target",
+        default="large",
+        help="demo target: small, large, or a hidden size to expand it to (default large; "
+        "built into ~/.cache/exstill on first use)",
+    )
+    ahead.add_argument("--k", type=int, default=8, help="draft length every round (default 8)")
+    ahead.add_argument("--prompts", type=int, default=3, help="held-out prompts (default 3)")
+    ahead.add_argument("--new-tokens", type=int, default=96, help="tokens a prompt (default 96)")
+    ahead.add_argument("--repeats", type=int, default=2, help="alternating runs (default 2)")
+    ahead.add_argument("--json", action="store_true", help="print one JSON object")
+    ahead.set_defaults(handler=_prefetch)
 
 
-def _sizes(text: str) -> tuple[str, ...]:
+def _sizes(text: str, option: str = "--sizes") -> tuple[str, ...]:
     if text == "none":
         return ()
     sizes = tuple(s.strip() for s in text.split(","))
     for size in sizes:
         if size not in ("small", "large") and not (size.isdigit() and int(size) >= 256):
             raise UsageError(
-                f"--sizes: {size!r} is not small, large or a hidden size of 256 or more"
+                f"{option}: {size!r} is not small, large or a hidden size of 256 or more"
             )
     return sizes
 
@@ -181,6 +199,27 @@ def _trees(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.json:
         return result
     print(trees.table(result))
+    return None
+
+
+def _prefetch(args: argparse.Namespace) -> dict[str, Any] | None:
+    from exstill_sdk.bench.decode import prefetch
+
+    if len(_sizes(args.target, "--target")) != 1:
+        raise UsageError("--target takes one demo target: small, large or a hidden size")
+    if min(args.k, args.prompts, args.new_tokens, args.repeats) < 1:
+        raise UsageError("--k, --prompts, --new-tokens and --repeats want 1 or more")
+    result = prefetch.run(
+        args.target,
+        k=args.k,
+        prompts=args.prompts,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        progress=not args.json,
+    )
+    if args.json:
+        return result
+    print(prefetch.table(result))
     return None
 
 

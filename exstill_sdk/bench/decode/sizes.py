@@ -37,7 +37,7 @@ def run(
     from exstill_sdk.card import open_card
     from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args
     from exstill_sdk.demo.pair import held_out_prompts
-    from exstill_sdk.demo.targets import demo_target, expanded_target
+    from exstill_sdk.demo.targets import sized_target
     from exstill_sdk.speculative import SpeculativeDecoder
 
     inputs = held_out_prompts(prompts, prompt_tokens)
@@ -49,11 +49,7 @@ def run(
         pinned(host_cpu),
     ):
         for size in sizes:
-            chosen = (
-                demo_target(size, progress=progress)
-                if size in ("small", "large")
-                else expanded_target(int(size), progress=progress)
-            )
+            chosen = sized_target(size, progress=progress)
             target = OnnxTarget(chosen.image, positions=POSITIONS, threads=THREADS)
             decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max_k)
             result = measure_speedup(target, decoder, inputs, new_tokens, runs=runs)

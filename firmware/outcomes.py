@@ -29,8 +29,10 @@ from .engines.sampling import ranking_probs
 
 CANDIDATES = 4
 """Alternatives to the drafted token considered at each position."""
-MAX_WIDTH = 32
-"""Most outcomes drafted ahead for one stream in one round."""
+MAX_WIDTH = 16
+"""Most outcomes drafted ahead for one stream in one round: on the demo pair at K = 8, the 8
+likeliest with full acceptance cover 81% of rounds, 16 cover 90% and 32 no more than 24 (92%),
+for twice the card's work (docs/benchmarks.md, prefetch)."""
 MAX_LOGIT_BYTES = 64 << 20
 """Most memory the kept logits of one stream's outcome drafts may take."""
 WINDOW_SHARE = 0.85

@@ -175,9 +175,8 @@ class TransformerEngine(DraftEngine):
         visible[nodes, nodes] = True
         feed = [b for _, b in roots]
         depth = np.array([j + 1 for j, _ in roots])
-        keep = state.keep_logits
         out = np.zeros((width, count), np.int64)
-        rows = np.empty((width, count, self.vocab_size), np.float32) if keep else None
+        rows = state.outcome_rows(width, count) if state.keep_logits else None
         dists: list[list[Distribution | None]] = [[] for _ in roots]
         done = 0  # passes run: each outcome has that many tokens
         for level in range(count):
@@ -362,6 +361,8 @@ class TransformerState(EngineState):
         self.evicted = 0
         """Committed tokens dropped from the window (long context)."""
         self._closed = False
+        self._rows: np.ndarray | None = None
+        """Logits of the outcome drafts (``outcome_rows``), reused round to round."""
 
     @property
     def length(self) -> int:
@@ -399,6 +400,16 @@ class TransformerState(EngineState):
         if self.long_context or not roots or count < 1:
             return None
         return self.engine.draft_outcomes(self, pending, roots, count, stop)
+
+    def outcome_rows(self, width: int, count: int) -> np.ndarray:
+        """A [width, count, vocab] buffer for the logits of this stream's outcome drafts,
+        allocated once at the largest size asked: the drafts of a round are thrown away by
+        the next round's (the one committed has its rows copied before that: ``keep``)."""
+        vocab = self.engine.vocab_size
+        if self._rows is None or self._rows.shape[0] < width or self._rows.shape[1] < count:
+            old = (0, 0) if self._rows is None else self._rows.shape[:2]
+            self._rows = np.empty((max(width, old[0]), max(count, old[1]), vocab), np.float32)
+        return self._rows[:width, :count]
 
     def adopt_outcome(self, draft: OutcomeDraft) -> None:
         """Move the outcome's cache entries (tree slots) to where a chain puts them."""

@@ -126,7 +126,8 @@ def _report(result: object) -> str:
         f"acceptance by position {per_pos} (drafts whose i-th token was kept)\n"
         f"prefetch hits {m.prefetch_hits} of {m.rounds} rounds: next draft made while the "
         "target verified\n"
-        f"card prefetch {describe(result.card_prefetch)}\n"
+        f"card prefetch {describe(result.card_prefetch)} (the card's counters: every run, the "
+        "untimed first one too, rounds it had drafted ahead for)\n"
         f"K chosen      {chosen}\n"
         "shape chosen  "
         + (

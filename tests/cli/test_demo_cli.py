@@ -52,6 +52,11 @@ def test_the_large_target_by_default_with_what_bounds_the_figure(demo_cache: Pat
     trees = sum(n for shape, n in result["shapes_chosen"].items() if shape != "chain")
     assert trees >= result["tree_rounds"]
     assert abs(sum(result["time_share"].values()) - 1) < 0.01
+    # the card's own prefetch counters over the runs: every hit at some accepted length
+    ahead = result["card_prefetch"]
+    assert ahead["hits"] + ahead["misses"] + ahead["late"] == ahead["rounds"] > 0
+    assert sum(ahead["hits_by_accepted"].values()) == ahead["hits"]
+    assert ahead["outcome_hits"] <= ahead["hits"]
 
 
 def test_text_mode_shows_prompt_separator_continuation_then_figures() -> None:
@@ -66,6 +71,7 @@ def test_text_mode_shows_prompt_separator_continuation_then_figures() -> None:
         "efficiency",
         "target alone",
         "shape chosen",
+        "card prefetch",
     ):
         assert f"\n{label}" in out.stdout, label
     chosen = next(line for line in out.stdout.splitlines() if line.startswith("K chosen"))

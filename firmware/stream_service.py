@@ -433,5 +433,5 @@ class StreamService:
         if not stream.dist:
             return m.draft_reply_payload(prefetch_hit, draft, None, lookup)
         if dists is None:  # deterministic draft: each position is one-hot
-            dists = tuple(Distribution((tok,), (1,)) for tok in m.TOKENS[count].unpack(draft))
+            return m.one_hot_reply_payload(prefetch_hit, draft, lookup)
         return m.draft_reply_payload(prefetch_hit, draft, dists[:count], lookup)

@@ -12,6 +12,7 @@ already), so that the row's cache holds context + path and decoding goes on from
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -120,9 +121,18 @@ class TreeRunner:
     def keep(self, row: int, context: int, nodes: Sequence[int]) -> None:
         """After ``run`` with ``context`` tokens before the tree: move the keys and values of
         ``nodes`` (a path, root side first) to the slots right after the context."""
-        if not nodes:
+        first = 0  # nodes already in place (a chain's first nodes) stay
+        while first < len(nodes) and nodes[first] == first:
+            first += 1
+        if first == len(nodes):
             return
-        source = context + np.asarray(nodes)
-        target = context + np.arange(len(nodes))
+        moved = nodes[first:]
+        step = moved[1] - moved[0] if len(moved) > 1 else 1
+        if step > 0 and all(b - a == step for a, b in pairwise(moved)):
+            # evenly spaced (a node a level, as outcome drafts grow): one strided copy
+            source: slice | np.ndarray = slice(context + moved[0], context + moved[-1] + 1, step)
+        else:
+            source = context + np.asarray(moved)
+        target = slice(context + first, context + len(nodes))
         for buffer in (*self.decoder.keys, *self.decoder.values):
             buffer[row, :, target] = buffer[row, :, source]

@@ -370,6 +370,16 @@ def draft_reply_payload(
     return head + draft + b"".join(encode_dist(d) for d in dists)
 
 
+def one_hot_reply_payload(prefetch_hit: bool, draft: bytes, lookup: bool = False) -> bytes:
+    """``draft_reply_payload`` of a deterministic draft in DIST mode, each token's
+    distribution that token alone with weight 1, without building the distributions: what a
+    greedy stream's card sends every round."""
+    n = len(draft) >> 2
+    flags = (DraftFlags.PREFETCH_HIT if prefetch_hit else 0) | (DraftFlags.LOOKUP if lookup else 0)
+    one_hot = b"".join([b"\x01" + draft[i : i + 4] + b"\x01\x00" for i in range(0, n << 2, 4)])
+    return DRAFT_REPLY_HEAD.pack(flags | DraftFlags.HAS_DIST, n) + draft + one_hot
+
+
 def encode_draft_reply(m: Draft) -> bytes:
     n = len(m.tokens)
     if n > 255:

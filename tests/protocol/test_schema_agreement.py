@@ -290,6 +290,17 @@ def test_the_draft_reply_the_card_sends_is_the_formal_one(reply: m.Draft) -> Non
     assert m.parse_draft_reply_frame(frame) == reply  # what the host reads back
 
 
+@given(st.lists(u32s, max_size=255), st.booleans(), st.booleans())
+def test_a_one_hot_reply_is_the_reply_of_its_one_hot_distributions(
+    tokens: list[int], hit: bool, lookup: bool
+) -> None:
+    draft = b"".join(t.to_bytes(4, "little") for t in tokens)
+    dists = tuple(m.Distribution((t,), (1,)) for t in tokens)
+    raw = m.one_hot_reply_payload(hit, draft, lookup)
+    assert raw == m.draft_reply_payload(hit, draft, dists, lookup)
+    assert raw == schema.DRAFT_REPLY.build(_draft_dict(m.Draft(tuple(tokens), hit, dists, lookup)))
+
+
 @given(st.one_of(st.binary(max_size=80), draft_replies().map(m.encode_draft_reply)), st.data())
 def test_the_hosts_draft_reader_accepts_what_the_schema_accepts(raw: bytes, data) -> None:
     import construct

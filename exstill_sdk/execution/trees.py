@@ -135,4 +135,5 @@ class TreeRunner:
             source = context + np.asarray(moved)
         target = slice(context + first, context + len(nodes))
         for buffer in (*self.decoder.keys, *self.decoder.values):
-            buffer[row, :, target] = buffer[row, :, source]
+            cache = buffer[row]  # [kv_heads, positions, head_dim]: one shape for both sources
+            cache[:, target] = cache[:, source]

@@ -118,13 +118,14 @@ class Planned(NamedTuple):
 
 
 def plan_outcomes(
-    jobs: Sequence[tuple[list[Outcome], int, int]], seconds: float, cost: PassCost
+    jobs: Sequence[tuple[list[Outcome], int, int]],
+    seconds: float,
+    fit: tuple[float, float] | None,
 ) -> list[Planned]:
     """Which outcomes to draft ahead for: ``jobs`` (ranked outcomes, tokens to draft after
     each, most outcomes) per stream; the likeliest outcomes over every stream whose passes
-    fit in ``seconds``, a stream's first outcome paying its passes' fixed part; none before
-    anything was timed."""
-    fit = cost.fit()
+    fit in ``seconds``, a stream's first outcome paying its passes' fixed part (``fit``: a
+    pass's cost, ``PassCost.fit``); none before anything was timed."""
     if fit is None:
         return []
     a, b = fit

@@ -141,7 +141,7 @@ class Prefetcher:
                 chosen.append(job)
                 due = min(due, stream.replied_at + WINDOW_SHARE * stream.window)
         fit = self.cost.fit()
-        for planned in plan_outcomes(ranked, due - now, self.cost) if ranked else ():
+        for planned in plan_outcomes(ranked, due - now, fit) if ranked else ():
             stream, version, branch, k = chosen[planned.job]
             if stop() or stream.version != version:
                 continue

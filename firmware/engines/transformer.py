@@ -403,8 +403,9 @@ class TransformerState(EngineState):
 
     def outcome_rows(self, width: int, count: int) -> np.ndarray:
         """A [width, count, vocab] buffer for the logits of this stream's outcome drafts,
-        allocated once at the largest size asked: the drafts of a round are thrown away by
-        the next round's (the one committed has its rows copied before that: ``keep``)."""
+        allocated once at the largest size asked: a round's drafts are thrown away by the
+        next round's, and the committed one's rows (the stream's logits then) are read to
+        rank the next outcomes before those are grown."""
         vocab = self.engine.vocab_size
         if self._rows is None or self._rows.shape[0] < width or self._rows.shape[1] < count:
             old = (0, 0) if self._rows is None else self._rows.shape[:2]

@@ -107,16 +107,16 @@ def test_plan_takes_the_likeliest_outcomes_that_fit() -> None:
     jobs = [(a, 4, 8), (b, 4, 8)]  # 4 passes each
     # 4 passes of stream a with 2 outcomes: 4 * (1 + 0.2) = 4.8 ms; stream b's first outcome
     # would add 4 * 1.1 ms
-    plan = plan_outcomes(jobs, 0.0050, cost)
+    plan = plan_outcomes(jobs, 0.0050, cost.fit())
     assert [(p.job, p.roots) for p in plan] == [(0, [(0, 0), (0, 1)])]
     # 4.4 ms for a's first, 4.4 ms for b's first, 0.4 ms for a's second: 9.2 ms of 9.5
-    plan = plan_outcomes(jobs, 0.0095, cost)
+    plan = plan_outcomes(jobs, 0.0095, cost.fit())
     assert [(p.job, p.roots) for p in plan] == [(0, [(0, 0), (0, 1)]), (1, [(1, 10)])]
     # every stream's outcomes, within the most a stream may have
-    plan = plan_outcomes([(a, 4, 3), (b, 4, 8)], 1.0, cost)
+    plan = plan_outcomes([(a, 4, 3), (b, 4, 8)], 1.0, cost.fit())
     assert [len(p.roots) for p in plan] == [3, 3]
-    assert plan_outcomes(jobs, 0.0, cost) == []
-    assert plan_outcomes(jobs, 1.0, PassCost()) == []  # nothing timed: no plan
+    assert plan_outcomes(jobs, 0.0, cost.fit()) == []
+    assert plan_outcomes(jobs, 1.0, PassCost().fit()) == []  # nothing timed: no plan
 
 
 # ---------------------------------------------------------------- the engine

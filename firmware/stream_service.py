@@ -214,8 +214,11 @@ class StreamService:
         t.accepted_tokens += accepted
         if stream.replied_at:  # how long the host took: the time there is to draft ahead
             seen = perf_counter() - stream.replied_at
-            # down at once, up slowly: a round the card answered late looks longer than it was
-            stream.window = min(seen, stream.window + 0.25 * (seen - stream.window) or seen)
+            # the first as seen; then down at once, up slowly (a round the card answered late
+            # looks longer than it was)
+            stream.window = (
+                min(seen, stream.window + 0.25 * (seen - stream.window)) if stream.window else seen
+            )
         committed = kept_wire(pending, accepted, payload[2:6])
         pf = stream.prefetch
         hit = (

@@ -40,7 +40,11 @@ def add_parser(sub: Any) -> None:
         help=f"user counts (default {DEFAULT_USERS}; with --check {CHECK_USERS})",
     )
     p.add_argument("--cards", type=int, help="cards (default: the card profile's)")
-    p.add_argument("--k", default="auto", help="auto (default: the best K per row) or 0..max_k")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--k", default="auto", help="auto (default: the best shape per row) or a chain of 0..max_k"
+    )
+    shape.add_argument("--tree", type=int, metavar="N", help="a tree of N nodes in every row")
     p.add_argument("--plot", metavar="DIR", help="also write plan_speedup.png into DIR")
     p.add_argument(
         "--check",
@@ -48,6 +52,15 @@ def add_parser(sub: Any) -> None:
         help="measure the demo pair on this machine (both demo targets, the emulated card in "
         "its own process), predict the same runs from the measured profiles and print "
         "predicted against measured for every row (minutes)",
+    )
+    p.add_argument(
+        "--seed",
+        nargs="?",
+        const="",
+        metavar="SCENARIO",
+        help="set the planner against the seed's published figures (its one-user speeds and "
+        "Figure 4) from the seed's own inputs, with the difference at each point and what "
+        "would close it (about a minute); SCENARIO: another file of points in the same form",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -57,8 +70,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
     if args.check:
         return _check(args)
+    if args.seed is not None:
+        return _seed(args)
     if args.target is None or args.acceptance is None:
-        raise UsageError("give --target and --acceptance (or --check)")
+        raise UsageError("give --target and --acceptance (or --check, or --seed)")
     users = comma_numbers("--users", args.users or DEFAULT_USERS)
     target = load_target(args.target)
     card = load_card(args.card)
@@ -67,35 +82,90 @@ def run_plan(args: argparse.Namespace) -> int:
         if args.cards < 1:
             raise UsageError(f"--cards wants 1 or more, not {args.cards}")
         card = card.with_cards(args.cards)
-    k: int | None = None
-    if args.k != "auto":
-        try:
-            k = int(args.k)
-        except ValueError:
-            raise UsageError(f"--k wants auto or 0..{card.max_k}, not {args.k!r}") from None
-        if not 0 <= k <= card.max_k:
-            raise UsageError(f"--k wants auto or 0..{card.max_k}, not {k}")
+    shape = _shape(args, card, acceptance)
     if args.plot:
         require_plotting("--plot")
     rows = []
     for u in users:
-        best, tried = plan(target, card, acceptance, u, k)
-        by_k = {str(kk): round(v, 1) for kk, v in tried.items()}
-        rows.append({**best.to_dict(), "tokens_per_s_by_k": by_k})
+        best, tried = plan(target, card, acceptance, u, shape)
+        by_shape = {name: round(v, 1) for name, v in tried.items()}
+        rows.append({**best.to_dict(), "tokens_per_s_by_shape": by_shape})
     result: dict[str, Any] = {
         "target": {"name": target.name, "source": target.source},
         "card": {"name": card.name, "cards": card.cards, "streams": card.streams},
         "acceptance": {
             "source": acceptance.source,
             "per_position": [round(acceptance.at(i), 4) for i in range(1, card.max_k + 1)],
+            "rank_share": [round(v, 4) for v in acceptance.rank_share],
         },
-        "k": args.k,
+        "shape": str(shape) if shape is not None else "auto",
         "rows": rows,
     }
     if args.plot:
         result["plots"] = [str(p) for p in _plot(result, Path(args.plot))]
     print_result(result, args.json, lambda: _table(result))
     return EXIT_OK
+
+
+def _shape(args: argparse.Namespace, card: Any, acceptance: Any) -> Any:
+    """The shape --k or --tree fixes, or None (the best per row)."""
+    from exstill_sdk.plan.shapes import chain_shape, tree_shape
+
+    if args.tree is not None:
+        if not 1 <= args.tree <= card.max_tree_nodes:
+            raise UsageError(f"--tree wants 1..{card.max_tree_nodes} nodes, not {args.tree}")
+        if not acceptance.rank_share:
+            raise UsageError(
+                "--tree needs the acceptance of the draft's other choices: give top_k or "
+                "tree_mean_length in the acceptance profile (docs/planning.md)"
+            )
+        return tree_shape(acceptance, args.tree)
+    if args.k == "auto":
+        return None
+    try:
+        k = int(args.k)
+    except ValueError:
+        raise UsageError(f"--k wants auto or 0..{card.max_k}, not {args.k!r}") from None
+    if not 0 <= k <= card.max_k:
+        raise UsageError(f"--k wants auto or 0..{card.max_k}, not {k}")
+    return chain_shape(acceptance, k)
+
+
+def _seed(args: argparse.Namespace) -> int:
+    from exstill_sdk.plan import seed
+
+    result = seed.compare(args.seed or seed.SCENARIO)
+    print_result(result, args.json, lambda: _seed_table(result))
+    return EXIT_OK
+
+
+def _seed_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"the seed's figures against the planner (card {result['card']}, acceptance: "
+        f"{result['acceptance']})",
+        f"{'figure':<20} {'target':<16} {'users':>5} {'seed':>8} {'planner':>8} {'diff':>7}  "
+        f"{'shape':<12} {'verify/plain':>12}",
+    ]
+    for p in result["points"]:
+        fmt = ".2f" if p["unit"] == "x" else ".0f"
+        lines.append(
+            f"{p['figure']:<20} {p['target']:<16} {p['users']:>5} {p['seed']:>8{fmt}} "
+            f"{p['planner']:>8{fmt}} {p['difference']:>+7.1%}  {p['shape']:<12} "
+            f"{p['verify_over_plain']:>12.2f}"
+        )
+        if "at_seed_shape" in p:
+            at = p["at_seed_shape"]
+            lines.append(
+                f"{'':<20} at the seed's {at['shape']}: {at['speedup']:.2f}x "
+                f"({at['difference']:+.1%})"
+            )
+        if "gap" in p:
+            lines.append(f"{'':<20} gap: {p['gap']}")
+    lines.append(
+        f"{result['within']} of {len(result['points'])} points within "
+        f"{result['tolerance']:.0%} (docs/planning.md: the seed's figures)"
+    )
+    return "\n".join(lines)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -134,16 +204,18 @@ def _table(result: dict[str, Any]) -> str:
     head = (
         f"target {result['target']['name']}, card {result['card']['name']} x "
         f"{result['card']['cards']}, acceptance from {result['acceptance']['source']}\n"
-        f"{'users':>5} {'K':>2} {'tok/s':>9} {'per user':>9} {'plain':>9} {'speed-up':>8} "
-        f"{'accept':>6} {'waves':>5}  round ms: step + verify extra + host + link + card"
+        f"{'users':>5} {'shape':<11} {'tok/s':>9} {'per user':>9} {'plain':>9} {'speed-up':>8} "
+        f"{'accept':>6} {'ahead':>5} {'hits':>5} {'waves':>5}  "
+        "round ms: step + verify extra + host + link + card"
     )
     lines = [head]
     for r in result["rows"]:
         ms = r["round_ms"]
         lines.append(
-            f"{r['users']:>5} {r['k']:>2} {r['tokens_per_s']:>9.1f} "
+            f"{r['users']:>5} {r['shape']:<11} {r['tokens_per_s']:>9.1f} "
             f"{r['tokens_per_s_per_user']:>9.1f} {r['plain_tokens_per_s']:>9.1f} "
-            f"{r['speedup']:>7.2f}x {r['mean_acceptance_length']:>6.2f} {r['waves']:>5}  "
+            f"{r['speedup']:>7.2f}x {r['mean_acceptance_length']:>6.2f} "
+            f"{r['outcomes_ahead']:>5} {r['prefetch_hit_rate']:>5.0%} {r['waves']:>5}  "
             f"{ms['step']:.2f} + {ms['verify_extra']:.2f} + {ms['host']:.3f} + "
             f"{ms['link']:.3f} + {ms['card']:.3f}"
         )
@@ -160,9 +232,9 @@ def _plot(result: dict[str, Any], directory: Path) -> list[Path]:
     rows = result["rows"]
     users = [r["users"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(users, [r["speedup"] for r in rows], "o-", label=f"card, K {result['k']}")
+    ax.plot(users, [r["speedup"] for r in rows], "o-", label=f"card, shape {result['shape']}")
     for u, r in zip(users, rows, strict=True):
-        ax.annotate(f"K={r['k']}", (u, r["speedup"]), textcoords="offset points", xytext=(0, 6))
+        ax.annotate(r["shape"], (u, r["speedup"]), textcoords="offset points", xytext=(0, 6))
     ax.axhline(1.0, color="grey", linewidth=0.8, label="plain batching")
     ax.set_xticks(users)
     ax.set(

@@ -13,17 +13,21 @@ from exstill_sdk.plan.profiles import (
     load_card,
     load_target,
 )
+from exstill_sdk.plan.shapes import DraftShape, chain_shape, tree_shape
 from exstill_sdk.plan.simulate import Projection, plan, simulate
 
 __all__ = [
     "Acceptance",
     "CardProfile",
+    "DraftShape",
     "ProfileError",
     "Projection",
     "TargetProfile",
+    "chain_shape",
     "load_acceptance",
     "load_card",
     "load_target",
     "plan",
     "simulate",
+    "tree_shape",
 ]

@@ -14,17 +14,31 @@ accepted (vLLM's per-position acceptance: accepted at position i over drafts). I
 
 Beyond the positions measured, each further token is accepted with the last position's
 chance given the one before it.
+
+Trees, and drafting ahead for other outcomes, need more: where the target refuses the draft's
+token, how often its token is the draft's second choice, third, and so on (``rank_share``: the
+shares of a position's refusals that each further choice of the draft catches). A profile gives
+them as ``top_k`` (the chance that the target's token is among the draft's k likeliest, for k =
+1, 2, ...: EAGLE's and Medusa's top-k accuracy, ``exstill-bench`` and ``exstill eval`` where
+they report it) or as one published tree figure, ``tree_mean_length`` for ``tree_nodes`` (the
+seed's "7.42 for a tree of 64"): then each further choice catches the same share c of what the
+ones before it left, and c is the one that gives that figure (``tree_share``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from exstill_sdk.plan.profiles import Fields, ProfileError, read_document, resolve
+from exstill_sdk.plan.shapes import tree_shape
+
+RANKS = 8
+"""Choices of the draft a position's alternatives are taken from: the first 8 hold all but a
+sliver of the refusals the seed's tree figure implies (c = 0.6 leaves 0.4^7 = 0.2%)."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,10 @@ class Acceptance:
     source: str
     reach: tuple[float, ...]
     """reach[i]: the first i + 1 drafted tokens all accepted."""
+    rank_share: tuple[float, ...] = ()
+    """Of a position's refusals, the share the draft's second choice catches, its third, ...
+    (module docstring); empty: not known (chains only, and drafting ahead for full
+    acceptance only)."""
 
     def __post_init__(self) -> None:
         for i, r in enumerate(self.reach):
@@ -39,6 +57,18 @@ class Acceptance:
                 raise ProfileError(
                     f"{self.source}: acceptance at position {i + 1} must be 0..1, not {r:g}"
                 )
+        if any(s < 0 for s in self.rank_share) or sum(self.rank_share) > 1.0 + 1e-9:
+            raise ProfileError(
+                f"{self.source}: the shares of refusals the draft's further choices catch must "
+                f"be 0 or more and add up to at most 1, not {list(self.rank_share)}"
+            )
+
+    def ranks(self, position: int) -> list[float]:
+        """The chance that the target's token at ``position`` (the context accepted up to
+        it) is the draft's first choice, its second, ...: the conditional acceptance, then
+        the refusals shared out by ``rank_share``."""
+        first = self.conditional(position)
+        return [first, *((1.0 - first) * s for s in self.rank_share)]
 
     def at(self, position: int) -> float:
         """reach[position - 1] for any position from 1, extrapolated past the measured ones."""
@@ -76,13 +106,46 @@ def geometric(source: str, mean_length: float, k: int) -> Acceptance:
     return Acceptance(source, tuple(a**i for i in range(1, k + 1)))
 
 
+def tree_share(reach: tuple[float, ...], mean_length: float, nodes: int) -> float:
+    """The share c (each further choice of the draft catching c of the refusals the ones
+    before it left) with which the best tree of ``nodes`` nodes keeps ``mean_length`` tokens a
+    pass on top of ``reach``."""
+    def length(c: float) -> float:
+        shares = tuple(c * (1 - c) ** i for i in range(RANKS - 1))
+        return tree_shape(Acceptance("", reach, shares), nodes).mean_length
+
+    lo, hi = 0.0, 1.0
+    if not length(lo) <= mean_length <= length(hi):
+        raise ProfileError(
+            f"tree_mean_length {mean_length:g} for {nodes} nodes is out of reach of this "
+            f"acceptance: {length(lo):.2f} with chains alone, {length(hi):.2f} at most"
+        )
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if length(mid) < mean_length else (lo, mid)
+    return (lo + hi) / 2
+
+
+def shares_from_top_k(source: str, top_k: list[float]) -> tuple[float, ...]:
+    """``rank_share`` from the chance that the target's token is among the draft's k
+    likeliest, k = 1, 2, ..."""
+    if any(b < a - 1e-12 for a, b in pairwise(top_k)) or top_k[0] >= 1.0:
+        raise ProfileError(
+            f"{source}: acceptance.top_k must not fall (the k likeliest hold the k - 1 "
+            "likeliest) and its first value must be below 1"
+        )
+    refused = 1.0 - top_k[0]
+    return tuple(max(0.0, b - a) / refused for a, b in pairwise(top_k))
+
+
 def load_acceptance(path: str | Path) -> Acceptance:
     """An acceptance profile or a run's JSON (module docstring)."""
     p = resolve(path, "acceptance")
     data = read_document(p)
     if "acceptance" in data:
         fields = Fields(p.name, data["acceptance"], "acceptance")
-        return _profile(p.name, fields.only("source", "per_position", "mean_length", "at_k"))
+        known = ("source", "per_position", "mean_length", "at_k", "top_k")
+        return _profile(p.name, fields.only(*known, "tree_mean_length", "tree_nodes"))
     found = _from_run(data)
     if found is None:
         raise ProfileError(
@@ -100,11 +163,24 @@ def _profile(source: str, a: Fields) -> Acceptance:
                 f"{source}: acceptance.per_position must not rise: the first i + 1 tokens are "
                 "accepted no more often than the first i"
             )
-        return Acceptance(source, tuple(reach))
-    if not a.has("mean_length"):
+        chains = Acceptance(source, tuple(reach))
+    elif not a.has("mean_length"):
         raise ProfileError(f"{source}: acceptance.per_position is missing (or mean_length)")
-    k = a.integer("at_k")
-    return geometric(source, a.number("mean_length", positive=True), k)
+    else:
+        chains = geometric(source, a.number("mean_length", positive=True), a.integer("at_k"))
+    if a.has("top_k") and a.has("tree_mean_length"):
+        raise ProfileError(f"{source}: give acceptance.top_k or tree_mean_length, not both")
+    if a.has("top_k"):
+        top_k = a.numbers("top_k", maximum=1.0)
+        return replace(chains, rank_share=shares_from_top_k(source, top_k))
+    if a.has("tree_mean_length"):
+        nodes = a.integer("tree_nodes")
+        try:
+            c = tree_share(chains.reach, a.number("tree_mean_length", positive=True), nodes)
+        except ProfileError as exc:
+            raise ProfileError(f"{source}: acceptance.{exc}") from None
+        return replace(chains, rank_share=tuple(c * (1 - c) ** i for i in range(RANKS - 1)))
+    return chains
 
 
 def _from_run(data: Any) -> tuple[float, ...] | None:

@@ -9,11 +9,18 @@ A target's costs come in one of two forms:
 - measured: ``[target.pass]`` is a pass by the tokens in it (every sequence's K + 1), as on a
   CPU target whose pass costs what its tokens cost; a plain step of B sequences is a pass of B
   tokens, unless ``[target.step]`` gives it apart;
-- modelled (the seed's): a plain step by batch size, from ``[target.step]`` (a measured table)
-  or ``[target.memory]`` (bytes read over bandwidth against arithmetic over compute); and a pass
-  verifying T tokens for B sequences costs the plain step of B, plus the T - B extra tokens at
-  the prefill rate, plus reading the experts the extra tokens wake: T tokens routed to k of E
-  experts read about E(1 - (1 - k/E)^T) of them (``[target.verify]``).
+- modelled (the seed's): a plain step by batch size, from ``[target.anchor]`` (a published
+  speed at one user, grown by batch from the parts below), ``[target.step]`` (a measured
+  table) or ``[target.memory]`` (bytes read over bandwidth against arithmetic over compute,
+  a bound); and a pass verifying T tokens for B sequences costs the plain step of B, plus the
+  T - B extra tokens at the prefill rate, plus reading the experts the extra tokens wake
+  (``[target.verify]``): T tokens routed to k of E experts independently read about
+  E(1 - (1 - k/E)^T) of them, and a draft's tokens, consecutive in one text, share experts
+  more often than that: ``expert_overlap`` (rho) counts each extra token as 1 - rho of one.
+
+  From the anchor, a plain step of B sequences adds the experts their tokens wake, reading
+  each further sequence's KV cache (``kv_bytes_per_token`` at the profile's ``context``) and
+  each further token's arithmetic at the prefill rate.
 """
 
 from __future__ import annotations
@@ -273,7 +280,6 @@ class MemoryModel:
     bandwidth_gb_s: float
     flops_per_token: float
     compute_tflops: float
-    overhead_ms: float
 
     def step_ms(self, batch: float) -> float:
         read = self.weight_bytes
@@ -281,14 +287,26 @@ class MemoryModel:
             read += experts_read(batch, self.experts, self.active_experts) * self.expert_bytes
         memory = read / (self.bandwidth_gb_s * 1e9) * 1e3
         compute = batch * self.flops_per_token / (self.compute_tflops * 1e12) * 1e3
-        return self.overhead_ms + max(memory, compute)
+        return max(memory, compute)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A plain step at one user taken from a published speed."""
+
+    tokens_per_s: float
+    source: str
+
+    @property
+    def ms(self) -> float:
+        return 1e3 / self.tokens_per_s
 
 
 @dataclass(frozen=True)
 class TargetProfile:
     name: str
     source: str
-    step: Curve | MemoryModel | None
+    step: Curve | MemoryModel | Anchor | None
     """A plain step by batch size; None: a pass of B tokens (``passes``)."""
     passes: PassTable | None
     """A verification pass by the tokens in it (measured); None: the seed's model below."""
@@ -297,6 +315,10 @@ class TargetProfile:
     active_experts: int = 0
     expert_ms: float = 0.0
     """Reading one expert's weights, every layer's, once."""
+    expert_overlap: float = 0.0
+    """How often a drafted token's experts are its predecessor's beyond chance (0..1)."""
+    sequence_ms: float = 0.0
+    """Reading one sequence's KV cache at the profile's context (the anchored form)."""
 
     def step_ms(self, batch: int) -> float:
         """A plain decode step of ``batch`` sequences."""
@@ -305,6 +327,10 @@ class TargetProfile:
             return self.passes(batch, batch)
         if isinstance(self.step, MemoryModel):
             return self.step.step_ms(batch)
+        if isinstance(self.step, Anchor):
+            more = batch - 1
+            grown = self._woken(1, batch) + more * (self.sequence_ms + self._token_ms)
+            return self.step.ms + grown
         return self.step(batch)
 
     def verify_ms(self, batch: int, tokens: int) -> float:
@@ -312,43 +338,50 @@ class TargetProfile:
         if self.passes is not None:
             return self.passes(batch, tokens)
         extra = max(0, tokens - batch)
-        ms = self.step_ms(batch) + extra / self.prefill_tokens_per_s * 1e3
-        if self.experts and extra:
-            woken = experts_read(tokens, self.experts, self.active_experts) - experts_read(
-                batch, self.experts, self.active_experts
-            )
-            ms += woken * self.expert_ms
-        return ms
+        routed = batch + extra * (1.0 - self.expert_overlap)
+        return self.step_ms(batch) + extra * self._token_ms + self._woken(batch, routed)
+
+    @property
+    def _token_ms(self) -> float:
+        """One more token's arithmetic in a pass."""
+        return 1e3 / self.prefill_tokens_per_s
+
+    def _woken(self, before: float, after: float) -> float:
+        """Reading the experts that ``after`` tokens routed wake beyond ``before``'s."""
+        if not self.experts or after <= before:
+            return 0.0
+        e, k = self.experts, self.active_experts
+        return (experts_read(after, e, k) - experts_read(before, e, k)) * self.expert_ms
 
 
 def load_target(path: str | Path) -> TargetProfile:
     p = resolve(path, "targets")
     top = Fields(p.name, read_document(p), "").only("target")
-    t = top.sub("target").only("name", "source", "context", "pass", "step", "memory", "verify")
+    t = top.sub("target").only(
+        "name", "source", "context", "pass", "step", "memory", "anchor", "verify"
+    )
     src = p.name
     passes = PassTable.read(t.sub("pass").only("batch", "tokens", "ms")) if t.has("pass") else None
-    step: Curve | MemoryModel | None = None
-    if t.has("step") and t.has("memory"):
-        raise ProfileError(f"{src}: give target.step (measured) or target.memory, not both")
+    step: Curve | MemoryModel | Anchor | None = None
+    forms = [f"target.{f}" for f in ("step", "memory", "anchor") if t.has(f)]
+    if len(forms) > 1:
+        raise ProfileError(f"{src}: give one of {' and '.join(forms)}, not both")
     if t.has("step"):
         step = Curve.read(t.sub("step").only("batch", "ms"), "batch", "ms")
     elif t.has("memory"):
         step = _memory(t.sub("memory").only(*MEMORY_FIELDS))
+    elif t.has("anchor"):
+        a = t.sub("anchor").only("tokens_per_s", "source")
+        step = Anchor(a.number("tokens_per_s", positive=True), a.text("source"))
     elif passes is None:
-        raise ProfileError(f"{src}: target.step is missing (or target.memory, or target.pass)")
+        raise ProfileError(
+            f"{src}: target.anchor is missing (or target.step, target.memory, target.pass)"
+        )
     kw: dict[str, Any] = {}
     if passes is None:
         if not t.has("verify"):
             raise ProfileError(f"{src}: target.verify is missing (or give target.pass)")
-        v = t.sub("verify").only("prefill_tokens_per_s", "experts", "active_experts", "expert_ms")
-        kw["prefill_tokens_per_s"] = v.number("prefill_tokens_per_s", positive=True)
-        if v.has("experts") or (isinstance(step, MemoryModel) and step.experts):
-            kw["experts"], kw["active_experts"] = _experts(v, step)
-            kw["expert_ms"] = (
-                v.number("expert_ms")
-                if v.has("expert_ms") or not isinstance(step, MemoryModel)
-                else step.expert_bytes / (step.bandwidth_gb_s * 1e9) * 1e3
-            )
+        kw = _verify(t.sub("verify").only(*VERIFY_FIELDS), step, t)
     elif t.has("verify"):
         raise ProfileError(f"{src}: target.verify is for the modelled form; target.pass is given")
     return TargetProfile(
@@ -356,7 +389,59 @@ def load_target(path: str | Path) -> TargetProfile:
     )
 
 
-def _experts(v: Fields, step: Curve | MemoryModel | None) -> tuple[int, int]:
+VERIFY_FIELDS = (
+    "prefill_tokens_per_s",
+    "experts",
+    "active_experts",
+    "expert_ms",
+    "expert_bytes",
+    "expert_overlap",
+    "bandwidth_gb_s",
+    "kv_bytes_per_token",
+)
+
+
+def _verify(v: Fields, step: Curve | MemoryModel | Anchor | None, t: Fields) -> dict[str, Any]:
+    """The modelled form's parts (module docstring), each checked against the step's form."""
+    kw: dict[str, Any] = {"prefill_tokens_per_s": v.number("prefill_tokens_per_s", positive=True)}
+    memory = step if isinstance(step, MemoryModel) else None
+
+    def bandwidth(field: str) -> float:
+        if v.has("bandwidth_gb_s") or memory is None:
+            if not v.has("bandwidth_gb_s"):
+                raise ProfileError(f"{v.source}: {v.name('bandwidth_gb_s')} is missing ({field})")
+            return v.number("bandwidth_gb_s", positive=True)
+        return memory.bandwidth_gb_s
+
+    if v.has("experts") or (memory is not None and memory.experts):
+        kw["experts"], kw["active_experts"] = _experts(v, step)
+        if v.has("expert_ms") and v.has("expert_bytes"):
+            raise ProfileError(f"{v.source}: give {v.name('expert_ms')} or expert_bytes, not both")
+        if v.has("expert_ms"):
+            kw["expert_ms"] = v.number("expert_ms")
+        else:
+            size = (
+                memory.expert_bytes
+                if memory is not None and not v.has("expert_bytes")
+                else v.number("expert_bytes")
+            )
+            kw["expert_ms"] = size / (bandwidth("to read expert_bytes") * 1e9) * 1e3
+        kw["expert_overlap"] = v.number("expert_overlap", 0.0, maximum=1.0)
+    if v.has("kv_bytes_per_token"):
+        if not isinstance(step, Anchor):
+            raise ProfileError(
+                f"{v.source}: {v.name('kv_bytes_per_token')} grows an anchored step by batch: "
+                "give it with target.anchor"
+            )
+        context = t.number("context", positive=True) if t.has("context") else None
+        if context is None:
+            raise ProfileError(f"{v.source}: target.context is missing (for kv_bytes_per_token)")
+        per_sequence = v.number("kv_bytes_per_token") * context
+        kw["sequence_ms"] = per_sequence / (bandwidth("to read the KV cache") * 1e9) * 1e3
+    return kw
+
+
+def _experts(v: Fields, step: Curve | MemoryModel | Anchor | None) -> tuple[int, int]:
     if isinstance(step, MemoryModel) and step.experts and not v.has("experts"):
         return step.experts, step.active_experts
     experts = v.integer("experts")
@@ -376,7 +461,6 @@ MEMORY_FIELDS = (
     "bandwidth_gb_s",
     "flops_per_token",
     "compute_tflops",
-    "overhead_ms",
 )
 
 
@@ -393,7 +477,6 @@ def _memory(m: Fields) -> MemoryModel:
         bandwidth_gb_s=m.number("bandwidth_gb_s", positive=True),
         flops_per_token=m.number("flops_per_token", positive=True),
         compute_tflops=m.number("compute_tflops", positive=True),
-        overhead_ms=m.number("overhead_ms", 0.0),
     )
 
 
@@ -411,10 +494,21 @@ CARD_FIELDS = (
     "miss_us",
     "link_rtt_us",
     "prefetch",
+    "max_outcomes",
+    "outcome_share",
     "overflow",
     "max_k",
+    "max_tree_nodes",
 )
-PREFETCH = ("full-acceptance", "none")
+PREFETCH = ("outcomes", "full-acceptance", "none")
+MAX_K = 16
+"""The card runtime's longest chain by default (firmware/runtime.py, DEFAULT_MAX_K)."""
+MAX_OUTCOMES = 16
+"""Most outcomes the card runtime drafts ahead for a stream (firmware/outcomes.py, MAX_WIDTH)."""
+MAX_TREE_NODES = 64
+"""The largest tree the protocol carries (exstill_sdk/protocol/constants.py)."""
+OUTCOME_SHARE = 0.85
+"""The share of the host's verification the card runtime fills (firmware/outcomes.py)."""
 OVERFLOW = ("waves", "target-alone")
 
 
@@ -440,12 +534,21 @@ class CardProfile:
     starting the engine), besides the drafted tokens."""
     link_rtt_us: float
     prefetch: str
-    """``full-acceptance``: the next draft is made ahead on the branch where every drafted
-    token and the card's guess of the bonus are right; ``none``."""
+    """``outcomes``: the next draft is made ahead for the likeliest ways the round can end, as
+    many as fit (``max_outcomes``, ``outcome_share``); ``full-acceptance``: for the one where
+    every drafted token and the card's guess of the bonus are right; ``none``."""
     overflow: str
     """Users beyond the streams: ``waves`` (streams shared in turns) or ``target-alone``
     (K = 0 until a stream frees, as the SDK does)."""
     max_k: int
+    """Longest chain the card drafts."""
+    max_tree_nodes: int
+    """Largest tree the card drafts (0: chains only)."""
+    max_outcomes: int
+    """Most outcomes a stream's next draft is made ahead for."""
+    outcome_share: float
+    """The share of the time from its reply to the next COMMITs the card fills with drafting
+    ahead."""
     host_us_per_round: float
     """The host's own time a round (its loop), besides the pass."""
     host_us_per_sequence: float
@@ -457,6 +560,11 @@ class CardProfile:
 
     def waves(self, streams: int) -> int:
         return math.ceil(streams / (self.parallel_streams * self.cards))
+
+    def drafting_us(self, streams: int, steps: tuple[int, ...]) -> float:
+        """Drafting a shape whose steps each take ``steps[i]`` rows a stream (a chain: one
+        each), for ``streams`` streams at once."""
+        return sum(self.draft_us(streams * rows, 1) for rows in steps)
 
     def draft_us(self, streams: int, tokens: int) -> float:
         """Drafting ``tokens`` tokens on each of ``streams`` streams: every wave pays a token
@@ -487,9 +595,12 @@ def load_card(path: str | Path) -> CardProfile:
         commit_us=c.number("commit_us", 0.0),
         miss_us=c.number("miss_us", 0.0),
         link_rtt_us=c.number("link_rtt_us", 0.0),
-        prefetch=c.text("prefetch", "full-acceptance", PREFETCH),
+        prefetch=c.text("prefetch", "outcomes", PREFETCH),
         overflow=c.text("overflow", "waves", OVERFLOW),
-        max_k=c.integer("max_k", 8),
+        max_k=c.integer("max_k", MAX_K),
+        max_tree_nodes=c.integer("max_tree_nodes", MAX_TREE_NODES, minimum=0),
+        max_outcomes=c.integer("max_outcomes", MAX_OUTCOMES),
+        outcome_share=c.number("outcome_share", OUTCOME_SHARE, positive=True, maximum=1.0),
         host_us_per_round=host.number("us_per_round", 0.0),
         host_us_per_sequence=host.number("us_per_sequence", 0.0),
     )

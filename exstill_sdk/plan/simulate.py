@@ -1,24 +1,27 @@
 """The model: U users decoding together, round by round, in virtual time.
 
-Every round, one verification pass scores every user's K + 1 tokens (K = 0 for a user without a
-stream when the card's overflow is ``target-alone``); how many of each draft are accepted is
-drawn from the acceptance profile. Then, for each round:
+Every round, one verification pass scores every user's draft and the token after it (a chain
+of K: K + 1 tokens; a tree of N nodes: N + 1; none for a user without a stream when the card's
+overflow is ``target-alone``); how each round ends (the tokens accepted, the target's token
+after them) is drawn from the shape's outcomes (shapes.py). Then, for each round:
 
     host      the host's acceptance and COMMITs (per round + per sequence drafting)
     link      half a round trip to the card, half back
-    card      the card takes every stream's COMMIT and answers it from its draft made ahead
-              (prefetch hit: every token accepted and its guess of the bonus right) or drafts
-              anew (a miss: a fixed cost, then K + 1 steps of the draft, the first taking in the
-              bonus, the last giving the card's guess of the next bonus); a wave of streams
-              drafts at once, more streams take more waves; if the drafting ahead it started
+    card      the card takes every stream's COMMIT and answers it from a draft made ahead
+              (a prefetch hit: the round ended in an outcome it drafted ahead for) or drafts
+              anew (a miss: a fixed cost, then the shape's steps, the first taking in the
+              bonus, one a depth of the draft, the last giving what follows it); the card
+              drafts ``parallel_streams`` rows at once, so that more streams, a tree's wider
+              levels and more outcomes take more waves; if the drafting ahead it started
               after the last reply is not done, it waits
-    ahead     after replying, the card drafts the next round ahead for every stream (K + 1
-              steps from its guess) while the target verifies: hidden while the pass is longer
+    ahead     after replying, the card drafts the next round ahead for every stream and each
+              outcome it prefetches (``outcomes_ahead``) while the target verifies: hidden
+              while the pass is longer
 
-Plain decoding of the same U users is one step of U tokens a token. The output per (U, K):
+Plain decoding of the same U users is one step of U tokens a token. The output per (U, shape):
 tokens/s in total and per user, the speed-up over plain, the mean acceptance length, and where
-an average round's time goes. ``plan`` tries every K and keeps the best (one chain per user,
-the same K for all, as a fixed-K deployment would run).
+an average round's time goes. ``plan`` tries every shape and keeps the best (the same shape for
+every user, as a fixed-shape deployment would run).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 
 from exstill_sdk.plan.acceptance import Acceptance
 from exstill_sdk.plan.profiles import CardProfile, TargetProfile
+from exstill_sdk.plan.shapes import DraftShape, chain_shape, tree_shape
 
 DRAFTS = 20000
 """Drafts simulated per (users, K), in at least ``MIN_ROUNDS`` rounds: enough that the mean
@@ -55,12 +59,16 @@ class RoundSplit:
 class Projection:
     users: int
     k: int
+    """Drafted tokens a sequence: K, or the tree's nodes."""
+    shape: str
     tokens_per_s: float
     tokens_per_s_per_user: float
     plain_tokens_per_s: float
     speedup: float
     mean_acceptance_length: float
     prefetch_hit_rate: float
+    outcomes_ahead: int
+    """Outcomes a stream's next draft is made ahead for."""
     streams_used: int
     waves: int
     round_ms: RoundSplit
@@ -80,18 +88,20 @@ def simulate(
     card: CardProfile,
     acceptance: Acceptance,
     users: int,
-    k: int,
+    shape: DraftShape | int,
     *,
     rounds: int | None = None,
     seed: int = 0,
 ) -> Projection:
-    """U users at a fixed K for ``rounds`` rounds (default: ``DRAFTS`` drafts' worth; module
-    docstring)."""
+    """U users drafting ``shape`` (a DraftShape, or K for a chain of K) for ``rounds`` rounds
+    (default: ``DRAFTS`` drafts' worth; module docstring)."""
+    if isinstance(shape, int):
+        shape = chain_shape(acceptance, shape)
     capacity = card.streams * card.cards
     drafting = users if card.overflow == "waves" else min(users, capacity)
-    if not k:
+    if not shape.size:
         drafting = 0
-    tokens = users + drafting * k
+    tokens = users + drafting * shape.size
     step = target.step_ms(users)
     verify = target.verify_ms(users, tokens)
     host = (card.host_us_per_round + card.host_us_per_sequence * drafting) / 1e3
@@ -100,24 +110,27 @@ def simulate(
         rate = users / (verify + host) * 1e3
         split = RoundSplit(step, verify - step, host, 0.0, 0.0)
         return Projection(
-            users, 0, rate, rate / users, plain_rate, rate / plain_rate, 1.0, 0.0, 0, 0, split
-        )
+            users, 0, str(shape), rate, rate / users, plain_rate, rate / plain_rate, 1.0, 0.0,
+            0, 0, 0, split,
+        )  # fmt: skip
     rtt = card.link_rtt_us / 1e3
-    reach = np.array([acceptance.at(i) for i in range(1, k + 2)])
+    ahead_for = outcomes_ahead(card, shape, drafting, verify + host + rtt)
     if rounds is None:
         rounds = max(MIN_ROUNDS, DRAFTS // drafting)
     rng = np.random.default_rng(seed)
-    draws = rng.random((rounds, drafting))
-    accepted = (draws[:, :, None] < reach[None, None, :k]).sum(axis=2)
-    hits = draws < reach[k] if card.prefetch == "full-acceptance" else np.zeros_like(draws, bool)
-    ahead = card.draft_us(drafting, k + 1) / 1e3 if card.prefetch != "none" else 0.0
+    cumulative = np.cumsum(shape.chance)
+    ends = np.searchsorted(cumulative, rng.random((rounds, drafting)) * cumulative[-1])
+    ends = np.minimum(ends, len(shape.chance) - 1)  # which outcome each round ends in
+    accepted = shape.accepted[ends]
+    hits = ends < ahead_for
+    ahead = card.drafting_us(drafting * ahead_for, shape.steps) / 1e3
     commit = card.commit_us * drafting
     clock = card_free = waited = 0.0
     for r in range(rounds):
         arrive = clock + verify + host + rtt / 2
         misses = drafting - int(hits[r].sum())
         start = max(arrive, card_free)
-        miss = (card.miss_us + card.draft_us(misses, k + 1)) * (misses > 0)
+        miss = (card.miss_us + card.drafting_us(misses, shape.steps)) * (misses > 0)
         done = start + (commit + miss) / 1e3
         waited += done - arrive
         card_free = done + ahead
@@ -127,17 +140,49 @@ def simulate(
     split = RoundSplit(step, verify - step, host, rtt, waited / rounds)
     return Projection(
         users=users,
-        k=k,
+        k=shape.size,
+        shape=str(shape),
         tokens_per_s=rate,
         tokens_per_s_per_user=rate / users,
         plain_tokens_per_s=plain_rate,
         speedup=rate / plain_rate,
         mean_acceptance_length=float((accepted + 1).mean()),
         prefetch_hit_rate=float(hits.mean()),
+        outcomes_ahead=ahead_for,
         streams_used=min(users, capacity),
         waves=card.waves(drafting),
         round_ms=split,
     )
+
+
+def outcomes_ahead(card: CardProfile, shape: DraftShape, streams: int, window_ms: float) -> int:
+    """Outcomes the card drafts the next round ahead for, per stream: none without prefetch;
+    full acceptance alone (``full-acceptance``); or as many of the likeliest as fit, with it,
+    in ``outcome_share`` of the time from its reply to the next COMMITs (``outcomes``), as the
+    firmware plans them (firmware/outcomes.py), at most ``max_outcomes``."""
+    if card.prefetch == "none":
+        return 0
+    if card.prefetch == "full-acceptance":
+        return 1
+    most = min(card.max_outcomes, shape.nameable)
+    budget = card.outcome_share * window_ms * 1e3
+    m = 1
+    while m < most and card.drafting_us(streams * (m + 1), shape.steps) <= budget:
+        m += 1
+    return m
+
+
+SHAPES_TREE = (4, 8, 12, 16, 24, 32, 48, 64)
+"""Tree sizes the planner tries, up to the card's ``max_tree_nodes``."""
+
+
+def shapes(card: CardProfile, acceptance: Acceptance) -> list[DraftShape]:
+    """Every shape the planner weighs: chains of 0..max_k, and trees where the acceptance
+    profile says how often the draft's other choices are right."""
+    out = [chain_shape(acceptance, k) for k in range(card.max_k + 1)]
+    if acceptance.rank_share:
+        out += [tree_shape(acceptance, n) for n in SHAPES_TREE if n <= card.max_tree_nodes]
+    return out
 
 
 def plan(
@@ -145,13 +190,13 @@ def plan(
     card: CardProfile,
     acceptance: Acceptance,
     users: int,
-    k: int | None = None,
+    shape: DraftShape | int | None = None,
     *,
     rounds: int | None = None,
-) -> tuple[Projection, dict[int, float]]:
-    """The projection at ``k``, or at the best K of 0..card.max_k when ``k`` is None; and the
-    tokens/s of every K tried."""
-    ks = [k] if k is not None else list(range(card.max_k + 1))
-    tried = {kk: simulate(target, card, acceptance, users, kk, rounds=rounds) for kk in ks}
-    best = max(tried.values(), key=lambda p: p.tokens_per_s)
-    return best, {kk: p.tokens_per_s for kk, p in tried.items()}
+) -> tuple[Projection, dict[str, float]]:
+    """The projection with ``shape`` (K for a chain), or with the best of ``shapes`` when it
+    is None; and the tokens/s of every shape tried, by name."""
+    tried = [shape] if shape is not None else shapes(card, acceptance)
+    runs = [simulate(target, card, acceptance, users, s, rounds=rounds) for s in tried]
+    best = max(runs, key=lambda p: p.tokens_per_s)
+    return best, {p.shape: p.tokens_per_s for p in runs}

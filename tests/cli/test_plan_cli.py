@@ -19,17 +19,21 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_gpt_oss_table_with_k_per_row() -> None:
+def test_gpt_oss_table_with_a_shape_per_row() -> None:
     out = _plan("--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     rows = result["rows"]
     assert [r["users"] for r in rows] == [1, 2, 4, 8, 16]
+    chains = {f"chain of {k}" for k in range(1, 17)} | {"no draft"}
+    trees = {f"tree of {n}" for n in (4, 8, 12, 16, 24, 32, 48, 64)}
     for r in rows:
-        assert 0 <= r["k"] <= 8 and r["speedup"] > 1
-        by_k = r["tokens_per_s_by_k"]
-        assert r["tokens_per_s"] == max(by_k.values()) and set(by_k) == {str(k) for k in range(9)}
+        assert r["speedup"] > 1 and r["plain_tokens_per_s"] > 0
+        by_shape = r["tokens_per_s_by_shape"]
+        assert r["tokens_per_s"] == max(by_shape.values()) and set(by_shape) == chains | trees
+        assert r["shape"] in by_shape and 1 <= r["outcomes_ahead"] <= 16
         assert r["tokens_per_s_per_user"] * r["users"] == pytest.approx(r["tokens_per_s"], rel=0.01)
+    assert rows[0]["plain_tokens_per_s"] == 526.0  # the seed's published speed, the anchor
     assert rows[-1]["waves"] == 2  # sixteen users on twelve streams: two waves
     text = _plan("--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next")
     assert text.returncode == 0 and "gpt-oss-120b" in text.stdout
@@ -45,6 +49,50 @@ def test_fixed_k_cards_and_plot(tmp_path: Path) -> None:
     (row,) = json.loads(out.stdout)["rows"]
     assert (row["k"], row["waves"]) == (3, 1)
     assert (tmp_path / "plan_speedup.png").stat().st_size > 1000
+
+
+def test_a_fixed_tree(tmp_path: Path) -> None:
+    out = _plan(
+        "--target", "kimi-k3", "--acceptance", "seed-qwen3-next", "--users", "1,16",
+        "--tree", "12", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["shape"] == "tree of 12"
+    assert [r["shape"] for r in result["rows"]] == ["tree of 12"] * 2
+    run = tmp_path / "vllm.json"  # a run's counters hold no ranks: no tree can be planned
+    run.write_text(json.dumps({"num_drafts": 10, "num_accepted_tokens_per_pos": [9, 8, 7, 6]}))
+    out = _plan("--target", "kimi-k3", "--acceptance", str(run), "--tree", "12")
+    assert out.returncode == 2 and "top_k or tree_mean_length" in out.stderr
+
+
+def test_seed_comparison_from_a_scenario(tmp_path: Path) -> None:
+    """--seed with a scenario of two of the seed's points: the planner's figure beside the
+    seed's, the difference, and for a point outside the tolerance what would close it."""
+    shipped = Path(__file__).resolve().parents[2] / "exstill_sdk" / "data" / "scenarios"
+    text = (shipped / "seed.toml").read_text()
+    head, *points = text.split("[[point]]")
+    kimi = [p for p in points if '"kimi-k3"' in p and "users = 1\n" in p]
+    qwen = [p for p in points if '"qwen3-next-80b"' in p]
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(head + "".join(f"[[point]]{p}" for p in kimi + qwen))
+    out = _plan("--seed", str(scenario), "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    first, second = result["points"]
+    assert (first["target"], first["users"], first["seed"], first["unit"]) == (
+        "kimi-k3",
+        1,
+        3.6,
+        "x",
+    )
+    for p in (first, second):
+        assert p["difference"] == pytest.approx(p["planner"] / p["seed"] - 1, abs=1e-3)
+        assert p["within"] == (abs(p["difference"]) <= 0.10)
+        assert p["within"] or p["gap"]  # outside the tolerance: what would close the gap
+    assert second["planner_plain_tokens_per_s"] == 275.0
+    text = _plan("--seed", str(scenario))
+    assert text.returncode == 0 and "qwen3-next-80b" in text.stdout and "within 10%" in text.stdout
 
 
 def test_acceptance_from_a_run_json(tmp_path: Path) -> None:
@@ -72,7 +120,8 @@ def test_bad_profile_is_one_line_naming_the_field(tmp_path: Path) -> None:
 def test_usage_mistakes() -> None:
     for args, words in (
         (("--users", "1,x"), "--users"),
-        (("--k", "12"), "--k wants auto or 0..8"),
+        (("--k", "17"), "--k wants auto or 0..16"),
+        (("--tree", "65"), "--tree wants 1..64 nodes"),
         (("--cards", "0"), "--cards"),
     ):
         out = _plan("--target", "gpt-oss-120b", "--acceptance", "seed-qwen3-next", *args)

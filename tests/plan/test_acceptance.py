@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from exstill_sdk.plan.acceptance import geometric, load_acceptance
 from exstill_sdk.plan.profiles import ProfileError
+from exstill_sdk.plan.shapes import chain_shape, tree_shape
 from exstill_sdk.speculative.metrics import SpecMetrics
 
 
@@ -18,6 +20,50 @@ def test_seed_acceptance_predicts_its_second_figure() -> None:
     a = load_acceptance("seed-qwen3-next")
     assert a.mean_length(6) == pytest.approx(4.18, abs=1e-6)
     assert a.mean_length(8) - a.mean_length(6) == pytest.approx(0.46, abs=0.01)
+
+
+def test_seed_tree_figure_sets_the_rank_shares() -> None:
+    """The seed's 7.42 for a tree of 64 is what the shipped profile's rank shares give: the
+    best tree of 64 on them keeps 7.42 tokens a pass, the best chain of 64 far fewer."""
+    a = load_acceptance("seed-qwen3-next")
+    assert tree_shape(a, 64).mean_length == pytest.approx(7.42, abs=1e-3)
+    assert chain_shape(a, 64).mean_length < 5.6
+    assert a.rank_share[1] / a.rank_share[0] == pytest.approx(1 - a.rank_share[0])
+    ranks = a.ranks(1)
+    assert ranks[0] == pytest.approx(a.reach[0]) and sum(ranks) <= 1.0
+
+
+def test_top_k_profile(tmp_path: Path) -> None:
+    """top_k: the target's token among the draft's k likeliest; the refusals' shares follow."""
+    path = tmp_path / "a.toml"
+    path.write_text("[acceptance]\nper_position = [0.8, 0.6]\ntop_k = [0.8, 0.9, 0.95]\n")
+    a = load_acceptance(path)
+    assert a.rank_share == pytest.approx((0.5, 0.25))
+    assert a.ranks(2) == pytest.approx([0.75, 0.125, 0.0625])
+    path.write_text("[acceptance]\nper_position = [0.8]\ntop_k = [0.8, 0.7]\n")
+    with pytest.raises(ProfileError, match="top_k must not fall"):
+        load_acceptance(path)
+    path.write_text(
+        "[acceptance]\nmean_length = 2\nat_k = 2\ntree_mean_length = 9\ntree_nodes = 8\n"
+    )
+    with pytest.raises(ProfileError, match="tree_mean_length 9 for 8 nodes is out of reach"):
+        load_acceptance(path)
+
+
+def test_shape_outcomes_add_up() -> None:
+    """Every shape's outcomes are every way a round can end: their chances add up to 1, and
+    the tokens they keep to the chain's mean length (chains) or 1 + the sum of the nodes'
+    values (trees)."""
+    a = load_acceptance("seed-qwen3-next")
+    for shape in (chain_shape(a, 0), chain_shape(a, 6), tree_shape(a, 12), tree_shape(a, 64)):
+        assert shape.chance.sum() == pytest.approx(1.0)
+        assert shape.reach(0) == pytest.approx(1.0)
+    assert chain_shape(a, 6).mean_length == pytest.approx(a.mean_length(6))
+    assert chain_shape(a, 6).reach(3) == pytest.approx(a.at(3))
+    plain = load_acceptance("seed-qwen3-next")
+    no_ranks = replace(plain, rank_share=())
+    chain = chain_shape(no_ranks, 6)
+    assert chain.nameable == 1 and chain.chance[0] == pytest.approx(a.at(7))
 
 
 def test_per_position_profile_and_extrapolation(tmp_path: Path) -> None:

@@ -39,8 +39,24 @@ active_experts = 4
 bandwidth_gb_s = 1000.0
 flops_per_token = 1e9
 compute_tflops = 100.0
-overhead_ms = 2.0
 [target.verify]
+prefill_tokens_per_s = 10000.0
+"""
+
+
+ANCHORED = """
+[target]
+name = "moe"
+context = 1000
+[target.anchor]
+tokens_per_s = 500.0
+source = "a published speed"
+[target.verify]
+experts = 64
+active_experts = 4
+expert_bytes = 1e8
+bandwidth_gb_s = 1000.0
+kv_bytes_per_token = 1e5
 prefill_tokens_per_s = 10000.0
 """
 
@@ -60,11 +76,39 @@ def test_every_shipped_profile_loads() -> None:
         assert t.verify_ms(1, 7) > t.step_ms(1)  # scoring more tokens costs more
         assert t.verify_ms(16, 112) > t.verify_ms(1, 7)
     card = load_card("exstill-x1")
-    assert (card.streams, card.draft_us_per_token, card.prefetch) == (12, 50.0, "full-acceptance")
+    assert (card.streams, card.draft_us_per_token, card.prefetch) == (12, 50.0, "outcomes")
 
 
-def test_shipped_qwen3_next_step_is_the_published_275_tokens_per_s() -> None:
-    assert 1000 / load_target("qwen3-next-80b").step_ms(1) == pytest.approx(275, rel=0.01)
+@pytest.mark.parametrize(
+    ("name", "tokens_per_s"),
+    [("gpt-oss-120b", 526), ("qwen3-next-80b", 275), ("deepseek-v4-pro", 100), ("kimi-k3", 104.5)],
+)
+def test_shipped_targets_are_anchored_to_the_seeds_speeds(name: str, tokens_per_s: float) -> None:
+    """Every shipped target's plain step at one user is the seed's published speed, and no
+    shipped profile carries a fitted overhead: each step beyond it follows from parts."""
+    assert 1000 / load_target(name).step_ms(1) == pytest.approx(tokens_per_s, rel=1e-9)
+    for path in SHIPPED.glob("targets/*.toml"):
+        assert "overhead" not in path.read_text()
+
+
+def test_seed_gpt_oss_verification_from_its_parts() -> None:
+    """The seed: a chain of 14 verifies in about 2.3 ms against a 1.9 ms step (1.2 plain
+    steps); the parts give it without a fitted number."""
+    t = load_target("gpt-oss-120b")
+    assert t.verify_ms(1, 15) == pytest.approx(2.3, rel=0.05)
+
+
+def test_planner_defaults_match_the_card_runtime() -> None:
+    """The card profile's defaults are the runtime's own (the SDK does not import firmware)."""
+    from exstill_sdk.plan import profiles
+    from exstill_sdk.protocol.constants import MAX_TREE_NODES
+    from firmware import outcomes, runtime
+
+    assert profiles.MAX_K == runtime.DEFAULT_MAX_K
+    assert profiles.MAX_OUTCOMES == outcomes.MAX_WIDTH
+    assert profiles.OUTCOME_SHARE == outcomes.WINDOW_SHARE
+    card = load_card("exstill-x1")
+    assert (card.max_k, card.max_tree_nodes) == (16, MAX_TREE_NODES)
 
 
 def test_measured_pass_table(tmp_path: Path) -> None:
@@ -102,11 +146,29 @@ ms = [1.0, 1.2, 2.0, 4.0]
 def test_modelled_target_is_the_seed_model(tmp_path: Path) -> None:
     t = load_target(_write(tmp_path, MODELLED))
     read_1 = (1e9 + 4 * 1e8) / 1e12 * 1e3  # one token reads its 4 experts
-    assert t.step_ms(1) == pytest.approx(2.0 + read_1)
+    assert t.step_ms(1) == pytest.approx(read_1)
     woken = experts_read(7, 64, 4) - experts_read(1, 64, 4)
     expected = t.step_ms(1) + 6 / 10000 * 1e3 + woken * (1e8 / 1e12 * 1e3)
     assert t.verify_ms(1, 7) == pytest.approx(expected)
     assert t.verify_ms(3, 3) == t.step_ms(3)
+
+
+def test_anchored_target_grows_from_its_parts(tmp_path: Path) -> None:
+    """A plain step at one user is the anchor; more sequences add the experts their tokens
+    wake, each further sequence's KV cache and its arithmetic; a pass adds the extra tokens'
+    arithmetic and experts, the experts counted at 1 - overlap a token."""
+    t = load_target(_write(tmp_path, ANCHORED))
+    expert_ms = 1e8 / 1e12 * 1e3
+    assert t.step_ms(1) == pytest.approx(2.0)
+    woken = (experts_read(4, 64, 4) - experts_read(1, 64, 4)) * expert_ms
+    kv = 1e5 * 1000 / 1e12 * 1e3
+    assert t.step_ms(4) == pytest.approx(2.0 + woken + 3 * (kv + 0.1))
+    extra = (experts_read(4 + 12, 64, 4) - experts_read(4, 64, 4)) * expert_ms
+    assert t.verify_ms(4, 16) == pytest.approx(t.step_ms(4) + 12 * 0.1 + extra)
+    half = load_target(_write(tmp_path, ANCHORED + "expert_overlap = 0.5\n"))
+    extra = (experts_read(4 + 6, 64, 4) - experts_read(4, 64, 4)) * expert_ms
+    assert half.verify_ms(4, 16) == pytest.approx(t.step_ms(4) + 12 * 0.1 + extra)
+    assert half.step_ms(4) == t.step_ms(4)  # other sequences' tokens share nothing
 
 
 def test_experts_read() -> None:
@@ -133,7 +195,13 @@ def test_json_profile(tmp_path: Path) -> None:
         (MODELLED.replace("[target.verify]\nprefill_tokens_per_s = 10000.0\n", ""), "verify"),
         (MODELLED.replace("10000.0", '"fast"'), "target.verify.prefill_tokens_per_s"),
         ("[card]\n", "card is not a field here"),
-        (MODELLED.replace("overhead_ms", "overhead_mss"), "target.memory.overhead_mss is not a"),
+        (MODELLED.replace("compute_tflops", "compute_tf"), "target.memory.compute_tf is not a"),
+        (ANCHORED.replace('source = "a published speed"\n', ""), "target.anchor.source"),
+        (ANCHORED.replace("context = 1000\n", ""), "target.context is missing"),
+        (ANCHORED.replace("bandwidth_gb_s = 1000.0\n", ""), "target.verify.bandwidth_gb_s"),
+        (ANCHORED + "expert_overlap = 1.5\n", "target.verify.expert_overlap must be at most 1"),
+        (MODELLED + "kv_bytes_per_token = 1.0\n", "kv_bytes_per_token grows an anchored step"),
+        (ANCHORED + "[target.memory]\n", "give one of target.memory and target.anchor"),
     ],
 )
 def test_bad_target_names_the_field(tmp_path: Path, text: str, field: str) -> None:
@@ -192,7 +260,16 @@ fields = st.sampled_from(
         "experts",
         "active_experts",
         "prefill_tokens_per_s",
+        "anchor",
+        "tokens_per_s",
+        "source",
+        "expert_overlap",
+        "kv_bytes_per_token",
+        "bandwidth_gb_s",
+        "context",
         "streams",
+        "prefetch",
+        "max_outcomes",
         "draft_us_per_token",
     ]
 )

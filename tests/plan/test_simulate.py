@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from exstill_sdk.plan import Acceptance, CardProfile, TargetProfile, plan, simulate
+from exstill_sdk.plan import (
+    Acceptance,
+    CardProfile,
+    TargetProfile,
+    chain_shape,
+    plan,
+    simulate,
+    tree_shape,
+)
 from exstill_sdk.plan.profiles import Curve, PassTable
+from exstill_sdk.plan.simulate import outcomes_ahead
 
 CARD = CardProfile(
     name="c",
@@ -25,6 +34,9 @@ CARD = CardProfile(
     prefetch="none",
     overflow="waves",
     max_k=8,
+    max_tree_nodes=64,
+    max_outcomes=16,
+    outcome_share=0.85,
     host_us_per_round=0.0,
     host_us_per_sequence=0.0,
 )
@@ -86,6 +98,42 @@ def test_drafting_cost_by_streams_and_waves() -> None:
     assert CARD.draft_us(16, 3) == 2 * 3 * 50  # silicon: sixteen streams are two waves
 
 
+def test_outcomes_prefetch_hits_the_likeliest_outcomes_that_fit() -> None:
+    """A chain of 2 at a = 0.5 with the draft's second choice catching every refusal: the
+    outcomes are (2 accepted, its first choice) 1/8, (0, second) 1/2, (1, second) 1/4, (2,
+    second) 1/8. Drafting ahead for m outcomes of 3 steps costs 3 * 50 us a wave of 12 rows,
+    and fills at most 85% of the window: one stream's four fit in one wave; twelve streams'
+    m outcomes take m waves, 150 us each."""
+    acceptance = replace(HALF, rank_share=(1.0,))
+    chain = chain_shape(acceptance, 2)
+    assert list(chain.chance[: chain.nameable]) == pytest.approx([1 / 8, 1 / 2, 1 / 4, 1 / 8])
+    card = replace(CARD, prefetch="outcomes")
+    assert outcomes_ahead(card, chain, 1, window_ms=1.0) == 4
+    assert outcomes_ahead(card, chain, 12, window_ms=0.5) == 2  # 300 us of 425
+    assert outcomes_ahead(card, chain, 12, window_ms=0.2) == 1  # full acceptance is always made
+    assert outcomes_ahead(replace(card, max_outcomes=2), chain, 1, window_ms=1.0) == 2
+    assert outcomes_ahead(replace(card, prefetch="none"), chain, 1, window_ms=1.0) == 0
+    p = simulate(MEMORY_BOUND, card, acceptance, 1, chain, rounds=20000)
+    assert p.outcomes_ahead == 4 and p.prefetch_hit_rate == pytest.approx(1.0)
+    full = simulate(MEMORY_BOUND, replace(card, prefetch="full-acceptance"), acceptance, 1, chain)
+    assert full.prefetch_hit_rate == pytest.approx(1 / 8, abs=0.01)
+    assert p.round_ms.card == 0.0 and full.round_ms.card > 0
+
+
+def test_tree_rounds_verify_every_node_and_draft_by_depth() -> None:
+    """A tree of N nodes verifies N + 1 tokens a sequence and drafts level by level: a level
+    of w nodes for s streams is s * w rows, a wave per 12."""
+    acceptance = replace(HALF, rank_share=(0.6, 0.4))
+    tree = tree_shape(acceptance, 12)
+    assert sum(tree.levels) == 12 and tree.steps[0] == 1
+    p = simulate(MEMORY_BOUND, CARD, acceptance, 2, tree, rounds=4000)
+    assert p.round_ms.step + p.round_ms.verify_extra == pytest.approx(MEMORY_BOUND.verify_ms(2, 26))
+    drafting = sum(CARD.draft_us(2 * w, 1) for w in tree.steps) / 1e3
+    assert p.round_ms.card == pytest.approx(drafting)  # no prefetch: every round drafts anew
+    assert p.mean_acceptance_length == pytest.approx(tree.mean_length, rel=0.02)
+    assert CARD.drafting_us(16, (1, 3)) == (2 + 4) * 50
+
+
 def test_waves_and_overflow() -> None:
     waves = simulate(MEMORY_BOUND, CARD, HALF, 16, 2)
     assert (waves.waves, waves.streams_used) == (2, 12)
@@ -105,6 +153,16 @@ def test_auto_k_shrinks_as_the_pass_fills() -> None:
     assert ks[0] >= 3 and ks == sorted(ks, reverse=True) and ks[-1] == 0
     best, tried = plan(MEMORY_BOUND, FREE, HALF, 2)
     assert best.tokens_per_s == max(tried.values())
+    assert set(tried) == {f"chain of {k}" for k in range(1, 9)} | {"no draft"}
+
+
+def test_trees_are_weighed_where_the_draft_s_other_choices_are_known() -> None:
+    """With rank shares the planner tries trees too, and on a flat pass at one user a tree
+    beats every chain: its extra nodes cost nothing and catch refusals."""
+    flat = TargetProfile("t", "", None, PassTable(((0, Curve((1.0, 80.0), (10.0, 10.0))),)))
+    acceptance = replace(HALF, rank_share=(0.6, 0.4))
+    best, tried = plan(flat, FREE, acceptance, 1)
+    assert "tree of 64" in tried and best.shape.startswith("tree")
 
 
 def test_the_planner_never_imports_the_hot_path() -> None:

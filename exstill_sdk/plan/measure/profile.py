@@ -194,8 +194,10 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
             "commit_us": round(per_stream_fixed, 1),
             "miss_us": round(max(0.0, fixed - per_stream_fixed), 1),
             "link_rtt_us": round(rtt, 1),
-            "prefetch": "full-acceptance",
+            "prefetch": "outcomes",
             "overflow": "target-alone",
+            "max_k": PILOT_K,
+            "max_tree_nodes": 0,
         }
     }
 

@@ -110,6 +110,7 @@ def tree_share(reach: tuple[float, ...], mean_length: float, nodes: int) -> floa
     """The share c (each further choice of the draft catching c of the refusals the ones
     before it left) with which the best tree of ``nodes`` nodes keeps ``mean_length`` tokens a
     pass on top of ``reach``."""
+
     def length(c: float) -> float:
         shares = tuple(c * (1 - c) ** i for i in range(RANKS - 1))
         return tree_shape(Acceptance("", reach, shares), nodes).mean_length

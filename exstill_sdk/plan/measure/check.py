@@ -103,6 +103,7 @@ def _row(
             else:
                 spec.append(speculative_rate(decoder, batch, new_tokens)[0]["decode"])
     measured = statistics.median(spec)
+    m = decoder.metrics
     predicted = planned  # at K = 0 acceptance plays no part
     if k:
         own = folder / f"check-{users}-users.json"  # the run's acceptance, as its JSON has it
@@ -122,4 +123,10 @@ def _row(
         "predicted_mean_acceptance_length": round(predicted.mean_acceptance_length, 3),
         "measured_mean_acceptance_length": round(decoder.metrics.mean_acceptance_length, 3),
         "pilot_acceptance_tokens_per_s": round(planned.tokens_per_s, 1),
+        # where a round's time went: the card's part, and how often its draft made ahead hit
+        "predicted_prefetch_hit_rate": round(predicted.prefetch_hit_rate, 3),
+        "measured_prefetch_hit_rate": round(m.prefetch_hits / max(1, m.num_drafts), 3),
+        "predicted_card_ms": round(predicted.round_ms.card, 4),
+        # the metrics count rounds per sequence; the card's wait is a batch round's
+        "measured_card_wait_ms": round(m.card_wait_s / max(1, m.rounds) * users * 1e3, 4),
     }

@@ -124,6 +124,9 @@ class Prefetcher:
     def _draft_outcomes(self, jobs: list[Job], stop: Callable[[], bool]) -> None:
         """Draft ahead for the likeliest other outcomes of each job's draft that fit before
         the host's COMMIT is due (outcomes.py)."""
+        fit = self.cost.fit()
+        if fit is None:
+            return
         now = time.perf_counter()
         ranked: list[tuple[list[Outcome], int, int]] = []
         chosen: list[Job] = []
@@ -134,13 +137,14 @@ class Prefetcher:
             if logits is None or not stream.window or stream.version != version:
                 continue
             count = k + 1
+            if now + count * (fit[0] + fit[1]) > stream.replied_at + WINDOW_SHARE * stream.window:
+                continue  # not one outcome fits before its COMMIT: ranking them would delay it
             limit = width_limit(count, stream.engine.vocab_size, stream.state.keep_logits)
             outcomes = rank_outcomes(struct.unpack(f"<{count}I", branch), logits, limit)
             if outcomes:
                 ranked.append((outcomes, count, limit))
                 chosen.append(job)
                 due = min(due, stream.replied_at + WINDOW_SHARE * stream.window)
-        fit = self.cost.fit()
         for planned in plan_outcomes(ranked, due - now, fit) if ranked else ():
             stream, version, branch, k = chosen[planned.job]
             if stop() or stream.version != version:

@@ -306,3 +306,28 @@ def test_a_card_without_outcome_prefetch_drafts_ahead_for_full_acceptance_only(
     stats = card.stats()
     assert stats["prefetch_misses"] == 1 and stats["prefetch_outcome_hits"] == 0
     card.close()
+
+
+def test_no_outcome_is_ranked_when_none_fits_before_the_commit(model_pair, monkeypatch) -> None:
+    """Ranking a draft's outcomes takes a softmax over every position's vocabulary: where not
+    one outcome's passes fit before the host's COMMIT is due, the card does not rank them (on
+    the small demo target at one user that work alone delayed every reply by about 0.45 ms)."""
+    import exstill_firmware.prefetch as prefetch
+
+    _, image, _ = model_pair
+    ranked = []
+    real = prefetch.rank_outcomes
+    monkeypatch.setattr(prefetch, "rank_outcomes", lambda *a: ranked.append(1) or real(*a))
+    runtime = CardRuntime(2, 512, [TransformerEngine(open_image(image), rows=2)],
+                          background_prefetch=False)  # fmt: skip
+    card = Card(EmuTransport(runtime, owns_runtime=True))
+    stream = card.open_stream(target=next(iter(runtime.models)))
+    stream.prefill(tokens(10))
+    draft = stream.draft(4)
+    ahead = runtime.streams.by_handle[stream.handle]
+    for window, ranks in ((1e-9, 0), (60.0, 1)):
+        ahead.window = window
+        runtime.run_prefetch()
+        assert len(ranked) == ranks
+        draft = stream.commit(Verdict(4, draft.tokens[-1] if draft.tokens else 5), 4)
+    card.close()

@@ -36,6 +36,7 @@ from .outcomes import (
     width_limit,
 )
 from .streams import PrefetchResult, Stream
+from .telemetry import Telemetry
 
 Job = tuple[Stream, int, bytes, int]
 
@@ -45,10 +46,13 @@ def _never() -> bool:
 
 
 class Prefetcher:
-    def __init__(self, background: bool = False, outcomes: bool = True) -> None:
+    def __init__(
+        self, background: bool = False, outcomes: bool = True, telemetry: Telemetry | None = None
+    ) -> None:
         """``outcomes``: draft ahead for other outcomes too, not the full-acceptance one
-        only."""
+        only; ``telemetry``: where the steps of drafting ahead are counted and timed."""
         self.outcomes = outcomes
+        self.telemetry = telemetry
         self.cost = PassCost()
         """What a pass of the outcome tree costs, as timed (outcomes.py)."""
         self._queue: SimpleQueue[Job | None] = SimpleQueue()
@@ -105,8 +109,14 @@ class Prefetcher:
         started = time.perf_counter()
         proposals = propose_grouped([(s.engine, s.state, k + 1, b) for s, _, b, k in live])
         steps = max((k + 1 for *_, k in live), default=0)
+        elapsed = time.perf_counter() - started
         if steps > 1:
-            self.cost.chain_step((time.perf_counter() - started) / steps)
+            self.cost.chain_step(elapsed / steps)
+        if steps and self.telemetry is not None:
+            t = self.telemetry
+            t.ahead_steps += steps
+            t.ahead_step_us += int(elapsed * 1e6)
+            t.ahead_step_streams += steps * len(live)
         for (stream, version, branch, _), proposal in zip(live, proposals, strict=True):
             # an engine that failed: the state changed under it; no draft ahead then
             if stream.version == version and not isinstance(proposal, Exception):

@@ -121,7 +121,9 @@ class CardRuntime:
             e.name: e for e in (engines if engines is not None else [LookupEngine()])
         }
         self.telemetry = Telemetry()
-        self.prefetcher = Prefetcher(background_prefetch, prefetch_outcomes) if prefetch else None
+        self.prefetcher = (
+            Prefetcher(background_prefetch, prefetch_outcomes, self.telemetry) if prefetch else None
+        )
         self.stream_service = StreamService(
             self.streams, self.models, self.telemetry, self.prefetcher, context, max_k
         )

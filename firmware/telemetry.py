@@ -13,6 +13,9 @@ class Telemetry:
     __slots__ = (
         "accepted_tokens",
         "admin_refused",
+        "ahead_step_streams",
+        "ahead_step_us",
+        "ahead_steps",
         "draft_tokens",
         "drafts",
         "errors",
@@ -55,6 +58,12 @@ class Telemetry:
         """COMMITs that came before the drafts ahead for other outcomes were done."""
         self.prefetch_wasted_tokens = 0
         """Tokens drafted ahead for outcomes that did not happen."""
+        self.ahead_steps = 0
+        self.ahead_step_us = 0
+        self.ahead_step_streams = 0
+        """Steps of drafting ahead for full acceptance (each a batched step of every stream
+        drafting ahead together), the microseconds they took and the streams they drafted:
+        what drafting costs while the host verifies (on a CPU emulator, beside the target)."""
         self.streams_opened = 0
         self.admin_refused = 0
         """Requests refused for want of the admin key (NOT_AUTHORIZED), AUTH failures included."""
@@ -78,6 +87,9 @@ class Telemetry:
             "prefetch_outcome_partial": self.prefetch_outcome_partial,
             "prefetch_outcomes_late": self.prefetch_outcomes_late,
             "prefetch_wasted_tokens": self.prefetch_wasted_tokens,
+            "ahead_steps": self.ahead_steps,
+            "ahead_step_us": self.ahead_step_us,
+            "ahead_step_streams": self.ahead_step_streams,
             "streams_open": streams_open,
             "streams_opened": self.streams_opened,
             "images_set_aside": self.images_set_aside,

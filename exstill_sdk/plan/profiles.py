@@ -499,6 +499,7 @@ CARD_FIELDS = (
     "overflow",
     "max_k",
     "max_tree_nodes",
+    "ahead_slowdown",
 )
 PREFETCH = ("outcomes", "full-acceptance", "none")
 MAX_K = 16
@@ -549,6 +550,10 @@ class CardProfile:
     outcome_share: float
     """The share of the time from its reply to the next COMMITs the card fills with drafting
     ahead."""
+    ahead_slowdown: float
+    """Drafting ahead, while the target verifies, costs this many times drafting on a miss,
+    while the host waits: 1 in silicon; on a CPU emulator beside the target, more (the two
+    share caches)."""
     host_us_per_round: float
     """The host's own time a round (its loop), besides the pass."""
     host_us_per_sequence: float
@@ -601,6 +606,7 @@ def load_card(path: str | Path) -> CardProfile:
         max_tree_nodes=c.integer("max_tree_nodes", MAX_TREE_NODES, minimum=0),
         max_outcomes=c.integer("max_outcomes", MAX_OUTCOMES),
         outcome_share=c.number("outcome_share", OUTCOME_SHARE, positive=True, maximum=1.0),
+        ahead_slowdown=c.number("ahead_slowdown", 1.0, positive=True),
         host_us_per_round=host.number("us_per_round", 0.0),
         host_us_per_sequence=host.number("us_per_sequence", 0.0),
     )

@@ -305,6 +305,9 @@ def test_a_card_without_outcome_prefetch_drafts_ahead_for_full_acceptance_only(
     stream.commit(Verdict(1, (draft.tokens[1] + 1) % 90 + 3), 4)
     stats = card.stats()
     assert stats["prefetch_misses"] == 1 and stats["prefetch_outcome_hits"] == 0
+    # the card timed its drafting ahead: K + 1 steps of one stream
+    assert (stats["ahead_steps"], stats["ahead_step_streams"]) == (5, 5)
+    assert stats["ahead_step_us"] > 0
     card.close()
 
 

@@ -37,6 +37,7 @@ CARD = CardProfile(
     max_tree_nodes=64,
     max_outcomes=16,
     outcome_share=0.85,
+    ahead_slowdown=1.0,
     host_us_per_round=0.0,
     host_us_per_sequence=0.0,
 )
@@ -88,6 +89,9 @@ def test_prefetch_not_done_when_the_pass_is_shorter_than_drafting_ahead() -> Non
     slow = replace(CARD, prefetch="full-acceptance", draft_us_per_token=4000.0)
     p = simulate(MEMORY_BOUND, slow, ALWAYS, 1, 4)  # 5 steps of 4 ms ahead, a 10 ms pass
     assert p.round_ms.card == pytest.approx(20.0 - 10.0, rel=0.01)
+    # drafting ahead beside the target 1.5 times slower: 30 ms ahead, the card 20 ms late
+    slower = simulate(MEMORY_BOUND, replace(slow, ahead_slowdown=1.5), ALWAYS, 1, 4)
+    assert slower.round_ms.card == pytest.approx(30.0 - 10.0, rel=0.01)
 
 
 def test_drafting_cost_by_streams_and_waves() -> None:

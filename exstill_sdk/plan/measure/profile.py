@@ -112,6 +112,8 @@ def measure(
     card_doc = card_profile(card, half_way[0])
     pilots = {u: pilot(card, target, prompts[:u], new_tokens) for u in users}
     card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
+    steps = [p["ahead_step"] for p in pilots.values() if p["ahead_step"]]
+    card_doc["card"]["ahead_slowdown"] = ahead_slowdown(card_doc["card"], steps)
     return {
         "target": target_doc,
         "card": card_doc,
@@ -129,12 +131,35 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
     metrics: dict[str, Any] = {}
     for n in (SHORT_TOKENS, new_tokens):
         decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K)
+        before = card.stats()
         results = decoder.generate_batch(batch, n, stop_token_ids=[])
+        ahead = {key: card.stats().get(key, 0) - before.get(key, 0) for key in AHEAD_STATS}
         passes = max(r.metrics.rounds for r in results)
         costs.append((passes, decoder.metrics.host_s))
         metrics = decoder.metrics.to_dict()
     (p0, h0), (p1, h1) = costs
-    return {"metrics": metrics, "host_us": max(0.0, (h1 - h0) / max(1, p1 - p0)) * 1e6}
+    steps, us, streams = (ahead[key] for key in AHEAD_STATS)
+    return {
+        "metrics": metrics,
+        "host_us": max(0.0, (h1 - h0) / max(1, p1 - p0)) * 1e6,
+        # the card's own timing of its drafting ahead in the long run: (streams, us) a step
+        "ahead_step": (streams / steps, us / steps) if steps else None,
+    }
+
+
+AHEAD_STATS = ("ahead_steps", "ahead_step_us", "ahead_step_streams")
+"""The card's counters of its drafting ahead (firmware/telemetry.py)."""
+
+
+def ahead_slowdown(card: dict[str, Any], steps: list[tuple[float, float]]) -> float:
+    """How many times a step of drafting ahead, timed by the card while the target ran, costs
+    what ``card``'s step drafted on a miss costs (timed while the host waited) at the same
+    streams: the median over the pilot runs; 1 without any. On this machine the two processes
+    share the CPU's caches, and a card drafting beside a running target is slower."""
+    ratios = [
+        us / (card["draft_us_per_token"] + (s - 1) * card["stream_us_per_token"]) for s, us in steps
+    ]
+    return round(statistics.median(ratios), 3) if ratios else 1.0
 
 
 def target_profile(

@@ -499,7 +499,8 @@ CARD_FIELDS = (
     "overflow",
     "max_k",
     "max_tree_nodes",
-    "ahead_slowdown",
+    "ahead_us_per_token",
+    "ahead_stream_us_per_token",
 )
 PREFETCH = ("outcomes", "full-acceptance", "none")
 MAX_K = 16
@@ -550,10 +551,11 @@ class CardProfile:
     outcome_share: float
     """The share of the time from its reply to the next COMMITs the card fills with drafting
     ahead."""
-    ahead_slowdown: float
-    """Drafting ahead, while the target verifies, costs this many times drafting on a miss,
-    while the host waits: 1 in silicon; on a CPU emulator beside the target, more (the two
-    share caches)."""
+    ahead_us_per_token: float
+    ahead_stream_us_per_token: float
+    """``draft_us_per_token`` and ``stream_us_per_token`` of drafting ahead, while the target
+    verifies: the same in silicon; on a CPU emulator beside a running target, more (the two
+    share caches), where a miss is drafted while the host waits."""
     host_us_per_round: float
     """The host's own time a round (its loop), besides the pass."""
     host_us_per_sequence: float
@@ -566,19 +568,24 @@ class CardProfile:
     def waves(self, streams: int) -> int:
         return math.ceil(streams / (self.parallel_streams * self.cards))
 
-    def drafting_us(self, streams: int, steps: tuple[int, ...]) -> float:
+    def drafting_us(self, streams: int, steps: tuple[int, ...], ahead: bool = False) -> float:
         """Drafting a shape whose steps each take ``steps[i]`` rows a stream (a chain: one
-        each), for ``streams`` streams at once."""
-        return sum(self.draft_us(streams * rows, 1) for rows in steps)
+        each), for ``streams`` streams at once; ``ahead``: while the target verifies."""
+        return sum(self.draft_us(streams * rows, 1, ahead) for rows in steps)
 
-    def draft_us(self, streams: int, tokens: int) -> float:
+    def draft_us(self, streams: int, tokens: int, ahead: bool = False) -> float:
         """Drafting ``tokens`` tokens on each of ``streams`` streams: every wave pays a token
-        for its first stream and ``stream_us_per_token`` for each other."""
+        for its first stream and ``stream_us_per_token`` for each other (``ahead``: the
+        rates of drafting ahead)."""
         if not streams or not tokens:
             return 0.0
         waves = self.waves(streams)
-        per_token = waves * self.draft_us_per_token + (streams - waves) * self.stream_us_per_token
-        return tokens * per_token
+        first, other = (
+            (self.ahead_us_per_token, self.ahead_stream_us_per_token)
+            if ahead
+            else (self.draft_us_per_token, self.stream_us_per_token)
+        )
+        return tokens * (waves * first + (streams - waves) * other)
 
 
 def load_card(path: str | Path) -> CardProfile:
@@ -606,7 +613,12 @@ def load_card(path: str | Path) -> CardProfile:
         max_tree_nodes=c.integer("max_tree_nodes", MAX_TREE_NODES, minimum=0),
         max_outcomes=c.integer("max_outcomes", MAX_OUTCOMES),
         outcome_share=c.number("outcome_share", OUTCOME_SHARE, positive=True, maximum=1.0),
-        ahead_slowdown=c.number("ahead_slowdown", 1.0, positive=True),
+        ahead_us_per_token=c.number(
+            "ahead_us_per_token", c.number("draft_us_per_token", positive=True), positive=True
+        ),
+        ahead_stream_us_per_token=c.number(
+            "ahead_stream_us_per_token", c.number("stream_us_per_token", 0.0)
+        ),
         host_us_per_round=host.number("us_per_round", 0.0),
         host_us_per_sequence=host.number("us_per_sequence", 0.0),
     )

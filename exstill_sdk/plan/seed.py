@@ -46,6 +46,8 @@ def free(card: CardProfile) -> CardProfile:
         card,
         draft_us_per_token=1e-9,
         stream_us_per_token=0.0,
+        ahead_us_per_token=1e-9,
+        ahead_stream_us_per_token=0.0,
         commit_us=0.0,
         miss_us=0.0,
         link_rtt_us=0.0,
@@ -145,8 +147,8 @@ def _draft_us_needed(
     rounds = 4000
 
     def speedup(us: float) -> float:
-        return plan(target, replace(card, draft_us_per_token=us), acceptance, users,
-                    rounds=rounds)[0].speedup  # fmt: skip
+        faster = replace(card, draft_us_per_token=us, ahead_us_per_token=us)
+        return plan(target, faster, acceptance, users, rounds=rounds)[0].speedup
 
     lo, hi = 1e-3, card.draft_us_per_token
     if speedup(lo) < goal:

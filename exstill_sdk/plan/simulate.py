@@ -123,7 +123,7 @@ def simulate(
     ends = np.minimum(ends, len(shape.chance) - 1)  # which outcome each round ends in
     accepted = shape.accepted[ends]
     hits = ends < ahead_for
-    ahead = card.drafting_us(drafting * ahead_for, shape.steps) * card.ahead_slowdown / 1e3
+    ahead = card.drafting_us(drafting * ahead_for, shape.steps, ahead=True) / 1e3
     commit = card.commit_us * drafting
     clock = card_free = waited = 0.0
     for r in range(rounds):
@@ -167,8 +167,7 @@ def outcomes_ahead(card: CardProfile, shape: DraftShape, streams: int, window_ms
     most = min(card.max_outcomes, shape.nameable)
     budget = card.outcome_share * window_ms * 1e3
     m = 1
-    cost = card.ahead_slowdown
-    while m < most and card.drafting_us(streams * (m + 1), shape.steps) * cost <= budget:
+    while m < most and card.drafting_us(streams * (m + 1), shape.steps, ahead=True) <= budget:
         m += 1
     return m
 

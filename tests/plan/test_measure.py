@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
-
-from exstill_sdk.plan.measure.profile import ahead_slowdown, host_line
+from exstill_sdk.plan.measure.profile import ahead_line, host_line
 
 
-def test_ahead_slowdown_is_the_median_ratio_to_a_miss_step_at_the_same_streams() -> None:
+def test_drafting_ahead_is_a_line_in_the_streams_the_card_timed() -> None:
     card = {"draft_us_per_token": 200.0, "stream_us_per_token": 20.0}
-    # one stream: 280 against 200; three: 360 against 240; five: 336 against 280
-    assert ahead_slowdown(card, [(1.0, 280.0), (3.0, 360.0), (5.0, 336.0)]) == pytest.approx(1.4)
-    assert ahead_slowdown(card, []) == 1.0  # nothing timed: as fast as a miss
+    # steps of 1, 3 and 5 streams at 280, 340 and 400 us: 280 and 30 a further stream
+    line = ahead_line(card, [(1.0, 280.0), (3.0, 340.0), (5.0, 400.0)])
+    assert line == {"ahead_us_per_token": 280.0, "ahead_stream_us_per_token": 30.0}
+    # one stream count: its step, less the miss line's further streams
+    assert ahead_line(card, [(3.0, 340.0)]) == {
+        "ahead_us_per_token": 300.0,
+        "ahead_stream_us_per_token": 20.0,
+    }
+    assert ahead_line(card, []) == {}  # nothing timed: the miss rates
 
 
 def test_host_line_from_runs() -> None:

@@ -37,11 +37,12 @@ CARD = CardProfile(
     max_tree_nodes=64,
     max_outcomes=16,
     outcome_share=0.85,
-    ahead_slowdown=1.0,
+    ahead_us_per_token=50.0,
+    ahead_stream_us_per_token=0.0,
     host_us_per_round=0.0,
     host_us_per_sequence=0.0,
 )
-FREE = replace(CARD, draft_us_per_token=1e-9)
+FREE = replace(CARD, draft_us_per_token=1e-9, ahead_us_per_token=1e-9)
 # a memory-bound pass: flat to 8 tokens, then 1 ms a token
 MEMORY_BOUND = TargetProfile(
     "t", "", None, PassTable(((0, Curve((1.0, 8.0, 64.0), (10.0, 10.0, 66.0))),))
@@ -86,11 +87,11 @@ def test_prefetch_hides_drafting_when_it_hits() -> None:
 
 
 def test_prefetch_not_done_when_the_pass_is_shorter_than_drafting_ahead() -> None:
-    slow = replace(CARD, prefetch="full-acceptance", draft_us_per_token=4000.0)
+    slow = replace(CARD, prefetch="full-acceptance", ahead_us_per_token=4000.0)
     p = simulate(MEMORY_BOUND, slow, ALWAYS, 1, 4)  # 5 steps of 4 ms ahead, a 10 ms pass
     assert p.round_ms.card == pytest.approx(20.0 - 10.0, rel=0.01)
-    # drafting ahead beside the target 1.5 times slower: 30 ms ahead, the card 20 ms late
-    slower = simulate(MEMORY_BOUND, replace(slow, ahead_slowdown=1.5), ALWAYS, 1, 4)
+    # drafting ahead beside the target at 6 ms a step: 30 ms ahead, the card 20 ms late
+    slower = simulate(MEMORY_BOUND, replace(slow, ahead_us_per_token=6000.0), ALWAYS, 1, 4)
     assert slower.round_ms.card == pytest.approx(30.0 - 10.0, rel=0.01)
 
 

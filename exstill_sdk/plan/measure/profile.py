@@ -113,7 +113,7 @@ def measure(
     pilots = {u: pilot(card, target, prompts[:u], new_tokens) for u in users}
     card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
     steps = [p["ahead_step"] for p in pilots.values() if p["ahead_step"]]
-    card_doc["card"]["ahead_slowdown"] = ahead_slowdown(card_doc["card"], steps)
+    card_doc["card"].update(ahead_line(card_doc["card"], steps))
     return {
         "target": target_doc,
         "card": card_doc,
@@ -151,15 +151,26 @@ AHEAD_STATS = ("ahead_steps", "ahead_step_us", "ahead_step_streams")
 """The card's counters of its drafting ahead (firmware/telemetry.py)."""
 
 
-def ahead_slowdown(card: dict[str, Any], steps: list[tuple[float, float]]) -> float:
-    """How many times a step of drafting ahead, timed by the card while the target ran, costs
-    what ``card``'s step drafted on a miss costs (timed while the host waited) at the same
-    streams: the median over the pilot runs; 1 without any. On this machine the two processes
-    share the CPU's caches, and a card drafting beside a running target is slower."""
-    ratios = [
-        us / (card["draft_us_per_token"] + (s - 1) * card["stream_us_per_token"]) for s, us in steps
-    ]
-    return round(statistics.median(ratios), 3) if ratios else 1.0
+def ahead_line(card: dict[str, Any], steps: list[tuple[float, float]]) -> dict[str, float]:
+    """``ahead_us_per_token`` and ``ahead_stream_us_per_token`` from (streams, microseconds) a
+    step of drafting ahead, timed by the card in the pilot runs: a line in the streams (one
+    stream count: its step, and ``card``'s cost of a further stream); ``card``'s miss rates
+    without any. On this machine the two processes share the CPU's caches, and a card drafting
+    beside a running target is slower than while the host waits."""
+    if not steps:
+        return {}
+    if len({s for s, _ in steps}) < 2:
+        (streams, us), *_ = steps
+        other = card["stream_us_per_token"]
+        return {
+            "ahead_us_per_token": round(max(1.0, us - (streams - 1) * other), 2),
+            "ahead_stream_us_per_token": other,
+        }
+    first, other = fit_line(((s - 1, us, 1.0) for s, us in steps), min_slope=0.0)
+    return {
+        "ahead_us_per_token": round(max(1.0, first), 2),
+        "ahead_stream_us_per_token": round(other, 2),
+    }
 
 
 def target_profile(

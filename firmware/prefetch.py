@@ -147,14 +147,15 @@ class Prefetcher:
             if logits is None or not stream.window or stream.version != version:
                 continue
             count = k + 1
-            if now + count * (fit[0] + fit[1]) > stream.replied_at + WINDOW_SHARE * stream.window:
+            stream_due = stream.replied_at + WINDOW_SHARE * stream.window
+            if now + count * (fit[0] + fit[1]) > stream_due:
                 continue  # not one outcome fits before its COMMIT: ranking them would delay it
             limit = width_limit(count, stream.engine.vocab_size, stream.state.keep_logits)
             outcomes = rank_outcomes(struct.unpack(f"<{count}I", branch), logits, limit)
             if outcomes:
                 ranked.append((outcomes, count, limit))
                 chosen.append(job)
-                due = min(due, stream.replied_at + WINDOW_SHARE * stream.window)
+                due = min(due, stream_due)
         for planned in plan_outcomes(ranked, due - now, fit) if ranked else ():
             stream, version, branch, k = chosen[planned.job]
             if stop() or stream.version != version:

@@ -106,14 +106,19 @@ def geometric(source: str, mean_length: float, k: int) -> Acceptance:
     return Acceptance(source, tuple(a**i for i in range(1, k + 1)))
 
 
+def geometric_shares(c: float) -> tuple[float, ...]:
+    """``rank_share`` where each further choice catches the share c of what the ones before it
+    left."""
+    return tuple(c * (1 - c) ** i for i in range(RANKS - 1))
+
+
 def tree_share(reach: tuple[float, ...], mean_length: float, nodes: int) -> float:
     """The share c (each further choice of the draft catching c of the refusals the ones
     before it left) with which the best tree of ``nodes`` nodes keeps ``mean_length`` tokens a
     pass on top of ``reach``."""
 
     def length(c: float) -> float:
-        shares = tuple(c * (1 - c) ** i for i in range(RANKS - 1))
-        return tree_shape(Acceptance("", reach, shares), nodes).mean_length
+        return tree_shape(Acceptance("", reach, geometric_shares(c)), nodes).mean_length
 
     lo, hi = 0.0, 1.0
     if not length(lo) <= mean_length <= length(hi):
@@ -139,14 +144,24 @@ def shares_from_top_k(source: str, top_k: list[float]) -> tuple[float, ...]:
     return tuple(max(0.0, b - a) / refused for a, b in pairwise(top_k))
 
 
+ACCEPTANCE_FIELDS = (
+    "source",
+    "per_position",
+    "mean_length",
+    "at_k",
+    "top_k",
+    "tree_mean_length",
+    "tree_nodes",
+)
+
+
 def load_acceptance(path: str | Path) -> Acceptance:
     """An acceptance profile or a run's JSON (module docstring)."""
     p = resolve(path, "acceptance")
     data = read_document(p)
     if "acceptance" in data:
         fields = Fields(p.name, data["acceptance"], "acceptance")
-        known = ("source", "per_position", "mean_length", "at_k", "top_k")
-        return _profile(p.name, fields.only(*known, "tree_mean_length", "tree_nodes"))
+        return _profile(p.name, fields.only(*ACCEPTANCE_FIELDS))
     found = _from_run(data)
     if found is None:
         raise ProfileError(
@@ -180,7 +195,7 @@ def _profile(source: str, a: Fields) -> Acceptance:
             c = tree_share(chains.reach, a.number("tree_mean_length", positive=True), nodes)
         except ProfileError as exc:
             raise ProfileError(f"{source}: acceptance.{exc}") from None
-        return replace(chains, rank_share=tuple(c * (1 - c) ** i for i in range(RANKS - 1)))
+        return replace(chains, rank_share=geometric_shares(c))
     return chains
 
 

@@ -407,11 +407,11 @@ def _verify(v: Fields, step: Curve | MemoryModel | Anchor | None, t: Fields) -> 
     memory = step if isinstance(step, MemoryModel) else None
 
     def bandwidth(field: str) -> float:
-        if v.has("bandwidth_gb_s") or memory is None:
-            if not v.has("bandwidth_gb_s"):
-                raise ProfileError(f"{v.source}: {v.name('bandwidth_gb_s')} is missing ({field})")
+        if v.has("bandwidth_gb_s"):
             return v.number("bandwidth_gb_s", positive=True)
-        return memory.bandwidth_gb_s
+        if memory is not None:
+            return memory.bandwidth_gb_s
+        raise ProfileError(f"{v.source}: {v.name('bandwidth_gb_s')} is missing ({field})")
 
     if v.has("experts") or (memory is not None and memory.experts):
         kw["experts"], kw["active_experts"] = _experts(v, step)

@@ -107,8 +107,7 @@ def _point(
     if p.has("plain_tokens_per_s"):
         out["seed_plain_tokens_per_s"] = p.number("plain_tokens_per_s", positive=True)
         out["planner_plain_tokens_per_s"] = round(best.plain_tokens_per_s, 1)
-    scale = seed / (best.speedup if unit == "x" else best.tokens_per_s) * best.speedup
-    # scale: the seed's figure as a speed-up over the planner's plain step
+    scale = seed / planner * best.speedup  # the seed's figure as a speed-up over the plain step
     if p.has("shape"):
         at = plan(target, card, acceptance, users, named_shape(acceptance, p.text("shape")),
                   rounds=rounds)[0]  # fmt: skip

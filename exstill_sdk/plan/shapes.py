@@ -80,13 +80,9 @@ def chain_shape(acceptance: Acceptance, k: int) -> DraftShape:
     return _shape(acceptance, "chain", tuple(0 for _ in range(k)), tuple(range(-1, k - 1)))
 
 
+@cache
 def tree_shape(acceptance: Acceptance, nodes: int) -> DraftShape:
     """The ``nodes`` nodes of highest value, each among its parent's draft choices."""
-    return _tree(acceptance, nodes)
-
-
-@cache
-def _tree(acceptance: Acceptance, nodes: int) -> DraftShape:
     ranks: list[int] = []
     parents: list[int] = []
     depth: list[int] = []

@@ -7,7 +7,8 @@ makes several users cost little more than one. ``greedy(prompt, n)`` is the plai
 the reference a speculative decoder must reproduce; ``greedy_batch`` decodes several prompts
 with one run a step, the plain baseline for several users. ``verify_tree`` scores a token tree
 in one run (the tree graph, exstill_sdk.execution.trees) and ``keep_path`` keeps the accepted
-path's cache entries.
+path's cache entries; ``verify_drafts`` scores several sequences' chains and trees in one run
+(the slot graph with each slot's own positions and attention bias).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import numpy as np
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.execution.runner import MAX_CHUNK, OnnxDecoder
 from exstill_sdk.execution.slots import Feed, SlotRunner
-from exstill_sdk.execution.trees import TreeRunner
+from exstill_sdk.execution.trees import TreeRunner, keep_path
 from exstill_sdk.image.reader import CardImage, open_image
 from exstill_sdk.speculative.adapter import TargetAdapter
 from exstill_sdk.speculative.trees import TokenTree
 from exstill_sdk.support.tokens import CachedTokens
+from exstill_sdk.support.trees import ancestry, depths
 
 
 class OnnxTarget(TargetAdapter):
@@ -47,9 +49,11 @@ class OnnxTarget(TargetAdapter):
         self.max_batch = max_sequences
         self.supports_trees = True
         self._slots: SlotRunner | None = None
-        self._trees: TreeRunner | None = None
-        """The tree graph's session, opened on the first tree."""
         """The slot graph's session, opened on the first batch of several sequences."""
+        self._tree_slots: SlotRunner | None = None
+        """The slot graph with trees, opened on the first batch that holds a tree."""
+        self._trees: TreeRunner | None = None
+        """The tree graph's session, opened on the first tree scored alone."""
         self._rows: dict[int, int] = {}
         self._cached: dict[int, CachedTokens] = {}
         self._free = list(range(max_sequences))
@@ -93,16 +97,52 @@ class OnnxTarget(TargetAdapter):
             return super().verify_batch(items)
         if self._slots is None:
             self._slots = SlotRunner(self.image, self.runner, self.threads)
-        feeds = []
-        for seq_id, context, draft in items:
-            row, start, tail = self._tail(seq_id, context, draft)
-            ahead = max(0, len(tail) - MAX_CHUNK)
-            if ahead:
-                self.runner.prefill(row, np.asarray(tail[:ahead], np.int64), start)
-            feeds.append(
-                Feed(row, np.asarray(tail[ahead:], np.int64), start + ahead, len(draft) + 1)
-            )
-        return self._slots.run(feeds)
+        return self._slots.run([self._feed(*item)[0] for item in items])
+
+    def verify_drafts(
+        self, items: Sequence[tuple[int, Sequence[int], Sequence[int] | TokenTree]]
+    ) -> list[np.ndarray]:
+        """Chains and trees of several sequences in one run (a lone tree: ``verify_tree``)."""
+        if len(items) < 2 or not any(isinstance(draft, TokenTree) for _, _, draft in items):
+            return super().verify_drafts(items)
+        if self._tree_slots is None:
+            self._tree_slots = SlotRunner(self.image, self.runner, self.threads, tree=True)
+        feeds, firsts = zip(*(self._feed(*item) for item in items), strict=True)
+        out = self._tree_slots.run(feeds)
+        return [
+            x if first is None else np.concatenate([first, x])
+            for x, first in zip(out, firsts, strict=True)
+        ]
+
+    def _feed(
+        self, seq_id: int, context: Sequence[int], draft: Sequence[int] | TokenTree
+    ) -> tuple[Feed, np.ndarray | None]:
+        """A sequence's part of a batched run: the context not cached and the draft (a tree's
+        nodes after the context, the context's last token fed with them), context beyond the
+        run's last MAX_CHUNK tokens fed ahead on its own; and, for a tree after a context
+        that had nothing cached (a tree's run needs a cached token), the context fed ahead
+        and its last logits."""
+        tree = draft if isinstance(draft, TokenTree) and len(draft) else None
+        chain = () if isinstance(draft, TokenTree) else draft
+        row, start, tail = self._tail(seq_id, context, chain)
+        ahead = max(0, len(tail) - MAX_CHUNK)
+        first = None
+        if tree is not None and start == 0:
+            first = self.runner.prefill(row, np.asarray(tail, np.int64), 0)
+            ahead = len(tail)
+        elif ahead:
+            self.runner.prefill(row, np.asarray(tail[:ahead], np.int64), start)
+        tokens = np.asarray(tail[ahead:], np.int64)
+        if tree is None:
+            return Feed(row, tokens, start + ahead, len(chain) + 1), None
+        feed = Feed(
+            row,
+            np.concatenate([tokens, np.asarray(tree.tokens, np.int64)]),
+            start + ahead,
+            len(tree) + (first is None),
+            (np.asarray(depths(tree.parents), np.int64), ancestry(tree.parents)),
+        )
+        return feed, first
 
     def verify_tree(self, seq_id: int, context: Sequence[int], tree: TokenTree) -> np.ndarray:
         row, start, prefix = self._tail(seq_id, context, ())
@@ -111,10 +151,10 @@ class OnnxTarget(TargetAdapter):
         return self._trees.run(row, start, prefix, tree.tokens, tree.parents)
 
     def keep_path(self, seq_id: int, tree: TokenTree, nodes: Sequence[int]) -> None:
-        if self._trees is None or seq_id not in self._rows:
+        if seq_id not in self._rows:
             raise InvalidArgumentError(f"sequence {seq_id} has no scored tree to keep a path of")
         cached = self._cached[seq_id]
-        self._trees.keep(self._rows[seq_id], len(cached.tokens), nodes)
+        keep_path(self.runner, self._rows[seq_id], len(cached.tokens), nodes)
         cached.tokens += [tree.tokens[i] for i in nodes]
 
     def rollback(self, seq_id: int, length: int) -> None:

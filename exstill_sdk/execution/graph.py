@@ -32,7 +32,9 @@ slots' outputs (see ``_slot_attention``). Every matrix product runs once over al
 The tree graph (``tree=True``) is the decoder graph with two more inputs, for a token tree
 scored in one run: ``position_ids`` int64 [B, S] (each token's rotary position: its depth in
 the tree, not its cache slot) and ``attention_bias`` float32 [B, 1, S, total] (0 where a token
-may look, -inf where not: each node sees the context and its own ancestors only).
+may look, -inf where not: each node sees the context and its own ancestors only). With both
+(``slots=R, tree=True``), each slot takes its own ``position_ids_b`` [1, S_b] and
+``attention_bias_b`` [1, 1, S_b, total_b]: chains and trees of several sequences in one run.
 """
 
 from __future__ import annotations
@@ -141,9 +143,7 @@ def build_decoder(
 ) -> onnx.ModelProto:
     """The decoder graph for an image, with KV buffers of ``positions`` tokens per stream;
     with ``slots``, the slot graph (module docstring) over that many KV rows; with ``tree``,
-    the tree graph."""
-    if slots and tree:
-        raise ValueError("a graph is the slot graph or the tree graph, not both")
+    the tree graph (with ``slots`` too: each slot's own position ids and bias)."""
     arch: DecoderConfig = image.arch
     g = GraphBuilder()
     file = Path(image.path).name if image.path else ""
@@ -220,7 +220,17 @@ def build_decoder(
             helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
             helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
         ]
-    if tree:
+    if tree and slots:
+        for b in range(slots):
+            g.inputs += [
+                helper.make_tensor_value_info(
+                    f"position_ids_{b}", TensorProto.INT64, [1, f"seq_{b}"]
+                ),
+                helper.make_tensor_value_info(
+                    f"attention_bias_{b}", TensorProto.FLOAT, [1, 1, f"seq_{b}", f"total_{b}"]
+                ),
+            ]
+    elif tree:
         g.inputs += [
             helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
             helper.make_tensor_value_info(
@@ -280,7 +290,7 @@ def build_decoder(
         else:  # one product for q, k and v, handed to attention packed
             attention_inputs = [linear(normed, qkv_names, qkv_bias), "", ""]
         if slots:
-            attn = _slot_attention(g, attention_inputs, i, slots, arch, rope)
+            attn = _slot_attention(g, attention_inputs, i, slots, arch, rope, tree)
         else:
             attn = _attention(
                 g,
@@ -392,6 +402,7 @@ def _slot_attention(
     slots: int,
     arch: DecoderConfig,
     rope: tuple[str, str],
+    tree: bool = False,
 ) -> str:
     """Attention for tokens of several sequences laid end to end in one row ([1, T, ...]).
 
@@ -401,7 +412,8 @@ def _slot_attention(
     all T tokens, which is what reads the weights once. A slot with no tokens in a call is
     handed one token (the row's first) to score at a position past its row's data, so that
     its output is thrown away (``unslot`` picks the real tokens out of the slots' outputs, laid
-    end to end) and what it writes lands where nothing valid is kept."""
+    end to end) and what it writes lands where nothing valid is kept. With ``tree``, each
+    slot's node takes its own position ids and attention bias."""
     outs = []
     for b in range(slots):
         sliced = [
@@ -422,6 +434,7 @@ def _slot_attention(
                 [1, arch.num_kv_heads, f"cache_{b}", arch.head_dim],
                 arch,
                 rope,
+                (f"position_ids_{b}", f"attention_bias_{b}") if tree else (),
             )
         )
     laid = g.op("Concat", outs, f"slots_{layer}", axis=1)[0]

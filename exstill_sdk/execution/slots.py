@@ -6,6 +6,10 @@ the rows any number of tokens after their own cache position (a verification rou
 tokens not yet cached and the draft). The graph runs every slot, so a slot whose row is not
 fed scores one throwaway token against a one-position scratch buffer instead (rebound only
 when a row starts or stops being fed).
+
+A runner made with ``tree=True`` runs the slot graph with each slot's own position ids and
+attention bias: a feed may end in a token tree's nodes (``Feed.tree``), scored as
+``TreeRunner`` scores a tree alone, beside the other rows' chains and trees.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.execution.graph import build_decoder
 from exstill_sdk.execution.runner import OnnxDecoder, open_session
+from exstill_sdk.execution.trees import tree_attention
 from exstill_sdk.image.reader import CardImage
 
 
@@ -28,14 +33,26 @@ class Feed(NamedTuple):
     start: int
     last: int
     """Logits are wanted for the last ``last`` tokens."""
+    tree: tuple[np.ndarray, np.ndarray] | None = None
+    """The last tokens are a tree's nodes: (their depths, which nodes each sees [N, N]); the
+    row must have a cached token (``start`` > 0). Only for a runner made with ``tree=True``."""
+
+
+_THROWAWAY = (np.zeros((1, 1), np.int64), np.zeros((1, 1, 1, 1), np.float32))
+"""A slot not fed: its one token's position and bias (in a tree runner)."""
 
 
 class SlotRunner:
-    def __init__(self, image: CardImage, decoder: OnnxDecoder, threads: int = 0) -> None:
+    def __init__(
+        self, image: CardImage, decoder: OnnxDecoder, threads: int = 0, tree: bool = False
+    ) -> None:
         self.rows = rows = decoder.keys[0].shape[0]
         self.positions = decoder.positions
         self.vocab_size = decoder.vocab_size
-        self.session = open_session(image, build_decoder(image, decoder.positions, rows), threads)
+        self.tree = tree
+        self.session = open_session(
+            image, build_decoder(image, decoder.positions, rows, tree), threads
+        )
         io = self.io = self.session.io_binding()
         self._layers = [
             (decoder.keys[i], decoder.values[i]) for i in range(decoder.arch.num_layers)
@@ -94,9 +111,17 @@ class SlotRunner:
             if j is None:  # a throwaway token (the pass's first) at the scratch buffer's start
                 position, n = 0, 1
                 self._start[b], self._end[b] = 0, 1
+                if self.tree:
+                    self._bind_attention(b, *_THROWAWAY)
             else:
                 feed = feeds[j]
                 position, n = feed.start, len(feed.tokens)
+                if self.tree:
+                    self._bind_attention(b, *self._attention(feed))
+                elif feed.tree is not None:
+                    raise InvalidArgumentError(
+                        "a tree is scored by a SlotRunner made with tree=True"
+                    )
                 self._start[b], self._end[b] = flat, flat + n
                 unslot.extend(range(laid, laid + n))
                 order[j] = slice(len(logit_rows), len(logit_rows) + feed.last)
@@ -113,3 +138,23 @@ class SlotRunner:
         io.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
         self.session.run_with_iobinding(io)
         return [logits[s] for s in order]
+
+    @staticmethod
+    def _attention(feed: Feed) -> tuple[np.ndarray, np.ndarray]:
+        """The feed's position ids [1, S] and attention bias [1, 1, S, total]."""
+        n = len(feed.tokens)
+        if feed.tree is None:
+            positions, bias = tree_attention(feed.start, n, (), np.zeros((0, 0), bool))
+        else:
+            depths, visible = feed.tree
+            if not feed.start:
+                # onnxruntime's attention takes a run with nothing cached for a prompt and
+                # applies neither position ids nor bias
+                raise InvalidArgumentError("a tree is fed after at least one cached token")
+            prefix = n - len(depths)
+            positions, bias = tree_attention(feed.start, prefix, depths, visible)
+        return positions[None, :], bias[None, None]
+
+    def _bind_attention(self, b: int, positions: np.ndarray, bias: np.ndarray) -> None:
+        self.io.bind_cpu_input(f"position_ids_{b}", positions)
+        self.io.bind_cpu_input(f"attention_bias_{b}", bias)

@@ -4,7 +4,7 @@
 row: the context tokens not cached yet (a chain; the last one is the tree's root) and then the
 tree's nodes, each at the rotary position of its depth and seeing the context and its own
 ancestors only (an attention bias). Every node's key and value land in the row's next cache
-slots, in node order; ``keep`` then moves one path's entries to the slots right after the
+slots, in node order; ``keep_path`` then moves one path's entries to the slots right after the
 context, where a chain of those tokens would have put them (their rotary positions are those
 already), so that the row's cache holds context + path and decoding goes on from there.
 """
@@ -95,45 +95,61 @@ class TreeRunner:
         ``tokens`` (whose depths and visibility over every node are given; the nodes before
         them are cached already, after the context)."""
         d = self.decoder
-        p, new = len(prefix), len(tokens)
-        context = start + p
-        total = context + visible.shape[1]
+        positions, bias = tree_attention(start, len(prefix), node_depths, visible)
         ids = np.asarray([*prefix, *tokens], np.int64)[None, :]
-        node_positions = context - 1 + np.asarray(node_depths, np.int64)
-        positions = np.concatenate([np.arange(start, context), node_positions])
-        bias = np.full((1, 1, p + new, total), -np.inf, np.float32)
-        bias[0, 0, :, :start] = 0
-        bias[0, 0, :p, start:context] = np.where(np.tril(np.ones((p, p), bool)), 0, -np.inf)
-        bias[0, 0, p:, start:context] = 0
-        bias[0, 0, p:, context:] = np.where(visible, 0, -np.inf)
+        total = bias.shape[-1]
         io = d.kv_binding(row, row + 1, "tree", self.session)
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
         io.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
+        p, new = len(prefix), len(tokens)
         io.bind_cpu_input("logit_rows", np.arange(max(p - 1, 0), p + new, dtype=np.int64))
-        io.bind_cpu_input("position_ids", positions.astype(np.int64)[None, :])
-        io.bind_cpu_input("attention_bias", bias)
+        io.bind_cpu_input("position_ids", positions[None, :])
+        io.bind_cpu_input("attention_bias", bias[None, None])
         logits = np.empty((new + min(p, 1), d.vocab_size), np.float32)
         io.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
         self.session.run_with_iobinding(io)
         return logits
 
-    def keep(self, row: int, context: int, nodes: Sequence[int]) -> None:
-        """After ``run`` with ``context`` tokens before the tree: move the keys and values of
-        ``nodes`` (a path, root side first) to the slots right after the context."""
-        first = 0  # nodes already in place (a chain's first nodes) stay
-        while first < len(nodes) and nodes[first] == first:
-            first += 1
-        if first == len(nodes):
-            return
-        moved = nodes[first:]
-        step = moved[1] - moved[0] if len(moved) > 1 else 1
-        if step > 0 and all(b - a == step for a, b in pairwise(moved)):
-            # evenly spaced (a node a level, as outcome drafts grow): one strided copy
-            source: slice | np.ndarray = slice(context + moved[0], context + moved[-1] + 1, step)
-        else:
-            source = context + np.asarray(moved)
-        target = slice(context + first, context + len(nodes))
-        for buffer in (*self.decoder.keys, *self.decoder.values):
-            cache = buffer[row]  # [kv_heads, positions, head_dim]: one shape for both sources
-            cache[:, target] = cache[:, source]
+
+def tree_attention(
+    start: int, prefix: int, node_depths: Sequence[int] | np.ndarray, visible: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary positions [prefix + new] and attention bias [prefix + new, total] of a run that
+    feeds ``prefix`` context tokens from cache position ``start`` (causal among themselves),
+    then new tree nodes at their ``node_depths`` (1: a child of the context's last token),
+    each seeing all the context and the nodes ``visible`` says ([new, nodes]: the tree's
+    nodes fed so far, in slot order, the new ones last). With no nodes, a chain's inputs."""
+    context = start + prefix
+    new = len(node_depths)
+    total = context + visible.shape[1]
+    node_positions = context - 1 + np.asarray(node_depths, np.int64)
+    positions = np.concatenate([np.arange(start, context, dtype=np.int64), node_positions])
+    bias = np.full((prefix + new, total), -np.inf, np.float32)
+    bias[:, :start] = 0
+    bias[:prefix, start:context] = np.where(np.tril(np.ones((prefix, prefix), bool)), 0, -np.inf)
+    bias[prefix:, start:context] = 0
+    bias[prefix:, context:] = np.where(visible, 0, -np.inf)
+    return positions, bias
+
+
+def keep_path(decoder: OnnxDecoder, row: int, context: int, nodes: Sequence[int]) -> None:
+    """After a tree was scored or grown in ``row`` with ``context`` tokens before it: move the
+    keys and values of ``nodes`` (a path, root side first) to the slots right after the
+    context."""
+    first = 0  # nodes already in place (a chain's first nodes) stay
+    while first < len(nodes) and nodes[first] == first:
+        first += 1
+    if first == len(nodes):
+        return
+    moved = nodes[first:]
+    step = moved[1] - moved[0] if len(moved) > 1 else 1
+    if step > 0 and all(b - a == step for a, b in pairwise(moved)):
+        # evenly spaced (a node a level, as outcome drafts grow): one strided copy
+        source: slice | np.ndarray = slice(context + moved[0], context + moved[-1] + 1, step)
+    else:
+        source = context + np.asarray(moved)
+    target = slice(context + first, context + len(nodes))
+    for buffer in (*decoder.keys, *decoder.values):
+        cache = buffer[row]  # [kv_heads, positions, head_dim]: one shape for both sources
+        cache[:, target] = cache[:, source]

@@ -12,7 +12,9 @@ scores drafts and forgets what was rejected:
 - ``release(seq_id)``: the sequence finished.
 
 A target that scores token trees in one pass (``supports_trees``) also implements
-``verify_tree`` and ``keep_path``; for the others the decoder drafts chains.
+``verify_tree`` and ``keep_path``; for the others the decoder drafts chains. A round with
+trees in it goes through ``verify_drafts``: chains and trees of several sequences, in one pass
+where the target can (``OnnxTarget``), else the chains batched and each tree alone.
 """
 
 from __future__ import annotations
@@ -64,6 +66,26 @@ class TargetAdapter(ABC):
         followed by each node's path. Leaves the cache holding the context (``keep_path``
         adds a path to it)."""
         raise NotImplementedError(f"{type(self).__name__} does not score token trees")
+
+    def verify_drafts(
+        self, items: Sequence[tuple[int, Sequence[int], Sequence[int] | TokenTree]]
+    ) -> list[np.ndarray]:
+        """Several sequences' chains and trees: each one's ``verify`` or ``verify_tree``
+        logits. By default the chains in one ``verify_batch`` and each tree in a pass of its
+        own; a target that scores them all in one pass overrides this."""
+        out: dict[int, np.ndarray] = {}
+        chains: list[int] = []
+        batch: list[tuple[int, Sequence[int], Sequence[int]]] = []
+        for i, (seq_id, context, draft) in enumerate(items):
+            if not isinstance(draft, TokenTree):
+                chains.append(i)
+                batch.append((seq_id, context, draft))
+        if batch:
+            out = dict(zip(chains, self.verify_batch(batch), strict=True))
+        for i, (seq_id, context, draft) in enumerate(items):
+            if isinstance(draft, TokenTree):
+                out[i] = self.verify_tree(seq_id, context, draft)
+        return [out[i] for i in range(len(items))]
 
     def keep_path(self, seq_id: int, tree: TokenTree, nodes: Sequence[int]) -> None:
         """After ``verify_tree``: the cache holds the context followed by the tokens of

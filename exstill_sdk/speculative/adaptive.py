@@ -101,6 +101,11 @@ class KPolicy:
     def observe_plain(self, rounds: int, verify_s: float, other_s: float) -> None:
         """``rounds`` rounds at K = 0 (the target alone), with their mean times."""
 
+    def expected_rate(self) -> float | None:
+        """Tokens a second the policy expects of rounds at the K it would settle on; None
+        where it does not know (a fixed K learns nothing)."""
+        return None
+
 
 class FixedK(KPolicy):
     def __init__(self, k: int) -> None:
@@ -251,6 +256,9 @@ class AdaptiveK(KPolicy):
                 best, best_rate = k, rates[k]
         self._rates = rates
         return best
+
+    def expected_rate(self) -> float | None:
+        return max(self._rates) if self._best >= 0 and max(self._rates) > 0 else None
 
     def _target_alone_in_doubt(self, best: int) -> bool:
         """Whether rounds of the target alone should be measured (again): drafting does not

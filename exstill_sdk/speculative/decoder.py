@@ -400,20 +400,22 @@ class SpeculativeDecoder:
         return False
 
     def _verify_with_trees(self, active: list[_Sequence]) -> tuple[list[np.ndarray], float]:
-        """A round in which some drafts were asked as trees: the chains in one batch, each tree
-        in a pass of its own; the chain planner's clock does not time it."""
+        """A round in which some drafts were asked as trees: every chain and tree scored by
+        the target's ``verify_drafts`` (one pass where the target can); the chain planner's
+        clock does not time it."""
         self._clock.reset()
         t0 = time.perf_counter()
-        chains = [s for s in active if s.draft.parents is None]
-        out: dict[int, np.ndarray] = {}
-        if chains:
-            batch = [(s.index, s.tokens, s.draft.tokens) for s in chains]
-            out = dict(zip([s.index for s in chains], self.target.verify_batch(batch), strict=True))
-        for s in active:
-            if s.draft.parents is not None:
-                tree = TokenTree(s.draft.tokens, s.draft.parents)
-                out[s.index] = self.target.verify_tree(s.index, s.tokens, tree)
-        return [out[s.index] for s in active], (time.perf_counter() - t0) / len(active)
+        items = [
+            (
+                s.index,
+                s.tokens,
+                s.draft.tokens
+                if s.draft.parents is None
+                else TokenTree(s.draft.tokens, s.draft.parents),
+            )
+            for s in active
+        ]
+        return self.target.verify_drafts(items), (time.perf_counter() - t0) / len(active)
 
     def _shape(self, s: _Sequence, k: int) -> int | TreeRequest:
         """A lone sequence's next draft: the chain of ``k`` or a tree (``TreeChooser``), and
@@ -425,7 +427,7 @@ class SpeculativeDecoder:
         self._arm = None
         if not k:
             return k
-        arm = chooser.choose()
+        arm = chooser.choose(self._policy.expected_rate())
         shape = chooser.arms[arm]
         if shape is not None and not self._tree_fits(s, shape):
             return k
@@ -444,6 +446,8 @@ class SpeculativeDecoder:
             shapes[0] = self._shape(seqs[0], ks[0])
         else:
             self._arm = None
+            if self._trees is not None and self._trees.fixed:  # a fixed tree: every sequence's
+                shapes = [self._fixed_tree(s, k) for s, k in zip(seqs, ks, strict=True)]
         steps: list[Commit | CatchUp] = []
         owners: list[_Sequence] = []
         for (s, verdict), k in zip(going, shapes, strict=True):
@@ -496,6 +500,16 @@ class SpeculativeDecoder:
             return Commit(stream, verdict, k)  # the one round trip of a round
         self._settle_sync(s)
         return CatchUp(stream, s.tokens[stream.length :], k)
+
+    def _fixed_tree(self, s: _Sequence, k: int) -> int | TreeRequest:
+        """A sequence of a batch under a fixed tree: the tree where the round drafts and it
+        fits, else the chain of ``k``."""
+        assert self._trees is not None
+        shape = self._trees.arms[1]
+        if not k or shape is None or not self._tree_fits(s, shape):
+            return k
+        s.metrics.shapes_chosen[self._trees.describe(1)] += 1
+        return shape
 
     def _tree_fits(self, s: _Sequence, shape: TreeRequest) -> bool:
         """Whether the budget, the card's slot and the target have room for the tree (near the

@@ -70,6 +70,11 @@ class TreeChooser:
     ``reprobe`` rounds the shape measured longest ago gets one round, so that a change in the
     load is seen. A tree must beat the chain by ``margin`` to be chosen. ``fixed``: the one
     candidate every round (a benchmark's fixed shape).
+
+    The chain a tree must beat is the steady chain: only chain rounds that follow a chain
+    round count towards its rate (the first chain round after a tree finds no draft made
+    ahead, which says nothing of staying on the chain), and where the K policy expects more
+    of the chain at the K it would settle on (``choose(chain_rate=...)``), that counts.
     """
 
     def __init__(
@@ -98,6 +103,8 @@ class TreeChooser:
         self._chain_kept: deque[int] = deque(maxlen=warmup)
         """Tokens of the sequence's latest chain rounds."""
         self._back_to_chain = False
+        self._prev: int | None = None
+        """The arm of the sequence's last round observed."""
 
     def start(self) -> None:
         """A new sequence: its text decides again whether a tree can win, and by how much."""
@@ -105,6 +112,7 @@ class TreeChooser:
             seen.clear()
         self._chain_kept.clear()
         self._back_to_chain = False
+        self._prev = None
 
     def rate(self, arm: int) -> float | None:
         """Tokens a second in the arm's latest rounds, the median of theirs (one slow round,
@@ -122,8 +130,9 @@ class TreeChooser:
         kept = sum(self._chain_kept) / len(self._chain_kept)
         return [arm for arm in range(1, len(self.arms)) if self._depth(arm) + 1 > kept]
 
-    def choose(self) -> int:
-        """The arm (index into ``arms``; 0 the chain) of the next round."""
+    def choose(self, chain_rate: float | None = None) -> int:
+        """The arm (index into ``arms``; 0 the chain) of the next round; ``chain_rate``: the
+        tokens a second the K policy expects of the chain at its best K, if it knows."""
         self._rounds += 1
         if self.fixed:
             return 1
@@ -136,17 +145,21 @@ class TreeChooser:
                 return arm
         if self._rounds % self.reprobe == 0:
             return min([0, *trees], key=lambda arm: self._last.get(arm, -1))
-        return self.best(trees)
+        return self.best(trees, chain_rate)
 
-    def best(self, trees: list[int]) -> int:
+    def best(self, trees: list[int], chain_rate: float | None = None) -> int:
         rates = {arm: self.rate(arm) or 0.0 for arm in [0, *trees]}
+        rates[0] = max(rates[0], chain_rate or 0.0)
         tree = max(trees, key=lambda arm: rates[arm], default=0)
         return tree if tree and rates[tree] > rates[0] * self.margin else 0
 
     def observe(self, arm: int, tokens: int, seconds: float) -> None:
         """A round of ``arm`` gave ``tokens`` tokens in ``seconds`` (its pass, its card
         work and the host's round)."""
-        self._seen[arm].append((tokens, seconds))
+        steady = arm != 0 or self._prev == 0
+        self._prev = arm
+        if steady:
+            self._seen[arm].append((tokens, seconds))
         self._last[arm] = self._rounds
         if arm == 0:
             self._chain_kept.append(tokens)

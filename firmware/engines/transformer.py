@@ -29,7 +29,7 @@ import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.execution.runner import OnnxDecoder
-from exstill_sdk.execution.trees import TreeRunner
+from exstill_sdk.execution.trees import TreeRunner, keep_path
 from exstill_sdk.image.reader import CardImage
 from exstill_sdk.image.rope import inverse_frequencies, rotate
 from exstill_sdk.protocol.constants import TREE_ROOT, ModelKind
@@ -415,9 +415,8 @@ class TransformerState(EngineState):
     def adopt_outcome(self, draft: OutcomeDraft) -> None:
         """Move the outcome's cache entries (tree slots) to where a chain puts them."""
         with self.engine.lock:
-            assert self.engine._trees is not None
             n = (len(self.tokens) - len(draft.committed)) >> 2
-            self.engine._trees.keep(self.row, n, draft.nodes)
+            keep_path(self.engine.runner, self.row, n, draft.nodes)
             fed = draft.proposal.tokens[: 4 * (len(draft.nodes) - (len(draft.committed) >> 2))]
             self.cached = self.tokens + fed
 

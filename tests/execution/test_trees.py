@@ -95,3 +95,64 @@ def test_greedy_decoding_by_trees_is_the_targets_own(target: OnnxTarget, draft: 
         passes += 1
     assert out[:64] == reference
     assert passes < 64  # trees kept more than one token a pass somewhere
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(trees(), st.lists(st.integers(0, 4095), max_size=6)),
+            st.lists(st.integers(0, 4095), min_size=1, max_size=30),
+            st.integers(0, 3),
+        ),
+        min_size=2,
+        max_size=3,
+    )
+)
+def test_chains_and_trees_of_several_sequences_in_one_run(
+    target: OnnxTarget, items: list[tuple[TokenTree | list[int], list[int], int]]
+) -> None:
+    """``verify_drafts`` scores each sequence's chain or tree in one run of the slot graph,
+    as each would be scored alone (a part of each context cached already, or none)."""
+    alone = 2
+    for seq in range(alone + 1):
+        target.release(seq)
+    batch = []
+    for seq, (draft, context, cached) in enumerate(items):
+        if cached and len(context) > cached:
+            target.verify(seq, context[:-cached], [])
+        batch.append((seq, context, draft))
+    scored = target.verify_drafts(batch)
+    for seq, (draft, context, _) in enumerate(items):
+        target.release(alone)
+        if isinstance(draft, TokenTree):
+            want = target.verify_tree(alone, context, draft)
+        else:
+            want = target.verify(alone, context, draft)
+        assert scored[seq].shape == want.shape
+        np.testing.assert_allclose(scored[seq], want, atol=2e-4)
+
+
+def test_a_path_kept_from_a_batched_run_is_cached_as_a_chain(target: OnnxTarget) -> None:
+    context, other = list(range(100, 140)), list(range(200, 230))
+    tree = TokenTree((7, 8, 9, 10, 11), (ROOT, ROOT, 1, 2, 1))
+    for seq in range(3):
+        target.release(seq)
+    target.verify(0, context[:-1], [])
+    target.verify_drafts([(0, context, tree), (1, other, [3, 4])])
+    target.keep_path(0, tree, [1, 2, 3])  # tokens 8, 9, 10
+    after = target.verify(0, [*context, 8, 9, 10], [5, 6])  # only the draft is new now
+    expected = target.verify(2, [*context, 8, 9, 10], [5, 6])
+    np.testing.assert_allclose(after, expected, atol=2e-4)
+
+
+def test_a_tree_fed_to_a_chain_runner_is_refused(target: OnnxTarget) -> None:
+    from exstill_sdk.errors import InvalidArgumentError
+    from exstill_sdk.execution.slots import Feed, SlotRunner
+
+    runner = SlotRunner(target.image, target.runner)
+    tree = (np.array([1]), np.ones((1, 1), bool))
+    with pytest.raises(InvalidArgumentError, match="tree=True"):
+        runner.run([Feed(0, np.array([5, 6]), 3, 2, tree)])

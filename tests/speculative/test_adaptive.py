@@ -66,6 +66,23 @@ def test_long_drafts_when_verification_is_cheap() -> None:
     assert np.mean(chosen[100:]) >= 5 and 0 not in chosen[100:]
 
 
+def test_expected_rate_is_the_plans_best() -> None:
+    """What a tree must beat (TreeChooser): the tokens a second the policy expects of rounds at
+    its best K, near what the simulated costs give at the K it settles on."""
+    policy = AdaptiveK(8)
+    assert policy.expected_rate() is None  # nothing planned yet
+    chosen = simulate(
+        policy, 400, acceptance=0.92, step_ms=21.0, per_token_ms=1.6, card_ms_per_token=0.1
+    )
+    rate = policy.expected_rate()
+    assert rate is not None
+    k = Counter(chosen[200:]).most_common(1)[0][0]
+    kept = sum(0.92**j for j in range(k + 1))  # the bonus token, then each accepted position
+    seconds = (21.0 + 1.6 * k + 0.1 * k) * 1e-3 + 20e-6
+    assert rate == pytest.approx(kept / seconds, rel=0.15)
+    assert KPolicy().expected_rate() is None
+
+
 def test_drafting_resumes_when_it_pays_again() -> None:
     # the same costs throughout; the text turns from hard to draft to easy
     costs = dict(step_ms=0.5, per_token_ms=0.1, card_ms_per_token=0.05)

@@ -1,7 +1,8 @@
 """Greedy decoding with token trees drafted by the card and scored by the target in one pass:
-token for token the target's own output, with a fixed tree and with the shape chosen; where
-trees cannot run (sampling, several sequences) the decoder drafts chains and says why; and the
-shape chooser's rules on measured rounds."""
+token for token the target's own output, with a fixed tree (for one sequence and for a batch,
+whose trees are scored in one pass) and with the shape chosen; where trees cannot run
+(sampling) or are not chosen (a batch under "auto") the decoder drafts chains and says why; and
+the shape chooser's rules on measured rounds."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def test_hf_target_scores_card_trees(pair) -> None:
         for p in prompts()[:3]:
             got = decoder.generate(p, 32, stop_token_ids=[]).tokens
             assert got == generate(model, p, 32)  # HF's own greedy generate
+        # a batch: the default verify_drafts (chains batched, each tree a pass of its own)
+        batch = decoder.generate_batch(prompts()[3:5], 32, stop_token_ids=[])
+        assert [r.tokens for r in batch] == [generate(model, p, 32) for p in prompts()[3:5]]
     assert decoder.metrics.tree_rounds > 0
 
 
@@ -77,12 +81,43 @@ def test_where_trees_cannot_run_the_decoder_drafts_chains(pair, onnx_reference) 
         assert "greedy" in sampled.tree_note
         sampled.generate(prompts()[0], 16, stop_token_ids=[])
         assert sampled.metrics.tree_rounds == 0
-        # several sequences at once: a tree is scored alone, so the batch drafts chains (four
-        # copies of one prompt: their rounds are alike, so none is ever left alone)
-        batch = SpeculativeDecoder(card, target, draft="partly", k=4, trees=TreeRequest(6, 2, 4))
+        # several sequences at once, shape auto: the chooser runs for a lone sequence only,
+        # so the batch drafts chains (four copies of one prompt: their rounds are alike, so
+        # none is ever left alone)
+        batch = SpeculativeDecoder(card, target, draft="partly", k=4, trees="auto")
         results = batch.generate_batch([prompts()[1]] * 4, N_NEW, stop_token_ids=[])
     assert [r.tokens for r in results] == [onnx_reference[1]] * 4
-    assert batch.metrics.tree_rounds == 0 and not batch.metrics.shapes_chosen
+    assert batch.metrics.tree_rounds == 0 and set(batch.metrics.shapes_chosen) <= {"chain"}
+
+
+class CountingTarget(OnnxTarget):
+    """The ONNX target, counting how the rounds with trees were scored."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batched: list[int] = []  # sequences in each one-pass round that held a tree
+        self.alone = 0  # trees scored in a pass of their own
+
+    def verify_drafts(self, items):
+        if len(items) > 1:
+            self.batched.append(len(items))
+        return super().verify_drafts(items)
+
+    def verify_tree(self, seq_id, context, tree):
+        self.alone += 1
+        return super().verify_tree(seq_id, context, tree)
+
+
+def test_a_fixed_tree_runs_for_every_sequence_of_a_batch_in_one_pass(pair, onnx_reference) -> None:
+    target = CountingTarget(pair.target_image, max_sequences=4, positions=512)
+    with open_card(pair.url()) as card:
+        decoder = SpeculativeDecoder(card, target, draft="partly", k=4, trees=TreeRequest(6, 2, 4))
+        results = decoder.generate_batch(prompts()[:4], N_NEW, stop_token_ids=[])
+    assert [r.tokens for r in results] == onnx_reference[:4]
+    assert decoder.metrics.tree_rounds > 0
+    assert max(target.batched) == 4  # four sequences' trees scored in one pass
+    # a tree alone only in a round with one sequence left (all four end near one another)
+    assert target.alone <= 2 and target.alone + sum(target.batched) >= decoder.metrics.tree_rounds
 
 
 def test_trees_option_is_checked(pair) -> None:
@@ -147,3 +182,24 @@ def test_chooser_decides_per_sequence_whether_a_tree_can_win() -> None:
     # a tree that keeps its whole depth sends the next round back to the chain
     chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3)
     assert feed(chooser, 6, {0: 3, 1: 7}) == [0, 0, 0, 1, 0, 1]
+
+
+def test_chooser_times_the_chain_by_its_steady_rounds() -> None:
+    """A chain round after a tree finds no draft made ahead: slow, and not the chain's rate."""
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], margin=1.1)
+    for _ in range(2):  # chain rounds, the second after a chain round: 3 tokens a second
+        chooser.observe(0, 3, 1.0)
+    for _ in range(2):  # a tree round (3.2 a second), then a chain round drafted on the spot
+        chooser.observe(1, 4, 1.25)
+        chooser.observe(0, 3, 2.0)
+    assert chooser.rate(0) == 3.0  # counted, the slow rounds would make it 2.25
+    assert chooser.best([1]) == 0  # so the tree, 7% ahead of the steady chain, does not run
+
+
+def test_chooser_weighs_trees_against_the_chain_the_policy_expects() -> None:
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3, probe=1)
+    ran = feed(chooser, 6, {0: 3, 1: 5})  # the tree keeps 5 a second, the chain's rounds 3
+    assert ran[-1] == 1
+    # the K policy expects 6 a second of the chain at the K it would settle on: the chain
+    assert chooser.choose(chain_rate=6.0) == 0
+    assert chooser.choose(chain_rate=4.0) == 1

@@ -109,6 +109,11 @@ def register(sub: Subcommands) -> None:
     )
     shapes.add_argument("--new-tokens", type=int, default=128, help="tokens a prompt (default 128)")
     shapes.add_argument("--repeats", type=int, default=3, help="alternating repeats (default 3)")
+    shapes.add_argument(
+        "--users",
+        help="instead: the users curve with shapes at these user counts (e.g. 1,2,4,8): the "
+        "adaptive chain, auto and each fixed tree, on the large target",
+    )
     shapes.add_argument("--json", action="store_true", help="print one JSON object")
     shapes.set_defaults(handler=_shapes)
     ahead = sub.add_parser(
@@ -228,6 +233,17 @@ def _shapes(args: argparse.Namespace) -> dict[str, Any] | None:
 
     if min(args.new_tokens, args.repeats) < 1 or args.prompts < 0:
         raise UsageError("--new-tokens and --repeats want 1 or more, --prompts 0 or more")
+    if args.users:
+        counts = comma_numbers("--users", args.users)
+        if min(counts) < 1:
+            raise UsageError("--users wants user counts of 1 or more, e.g. 1,2,4,8")
+        curve = shapes.users_run(
+            users=tuple(counts), new_tokens=args.new_tokens, repeats=args.repeats
+        )
+        if args.json:
+            return curve
+        print(shapes.users_table(curve))
+        return None
     result = shapes.run(
         target=args.target,
         prompts=args.prompts,

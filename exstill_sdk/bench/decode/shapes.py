@@ -10,6 +10,11 @@ so that a slow spell of the machine falls on both sides of a ratio. The figure o
 median of its speed-ups over the target alone (with the range); ``auto_over_best_chain`` is the
 auto way's median over the best chain way's median. Every output is compared with the target's
 own greedy output.
+
+``users_run`` is the users curve with shapes: at each user count the adaptive chain against
+``trees="auto"`` and each fixed tree (a fixed tree drafts for every sequence of a batch, all
+scored in one pass), one decoder a way, alternating, decode tokens/s as the users curve counts
+them (``bench/decode/users.py``).
 """
 
 from __future__ import annotations
@@ -146,4 +151,82 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"  auto chose, {prompt}: " + ", ".join(f"{s}: {n}" for s, n in chosen.items())
         )
+    return "\n".join(lines)
+
+
+def users_run(
+    *,
+    users: tuple[int, ...] = (1, 2, 4, 8),
+    prompt_tokens: int = 96,
+    new_tokens: int = 128,
+    repeats: int = 2,
+    trees: tuple[TreeRequest, ...] = DEFAULT_TREES,
+) -> dict[str, Any]:
+    from exstill_sdk.bench.decode.users import speculative_rate
+    from exstill_sdk.demo import demo_target
+    from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target
+    from exstill_sdk.speculative import SpeculativeDecoder
+
+    ways: list[object] = ["adaptive", "auto", *trees]
+    rows = []
+    with demo_card(max(users), prompt_tokens) as (card, prompts):
+        model = demo_onnx_target(demo_target("large").image, users, prompts)
+        decoders = {}
+        for way in ways:
+            k, shape = _options(way)
+            decoders[_name(way)] = decoder = SpeculativeDecoder(
+                card, model, draft=DRAFT_TARGET, k=k, max_k=MAX_K, trees=shape
+            )
+            decoder.generate_batch(prompts[: max(users)], 32, stop_token_ids=[])  # warm
+        chain = _name("adaptive")
+        for n in users:
+            batch = prompts[:n]
+            reference = model.greedy_batch(batch, new_tokens)
+            rates: dict[str, list[float]] = {name: [] for name in decoders}
+            exact = True
+            for rep in range(repeats):
+                names = list(decoders)
+                for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                    rate, outs = speculative_rate(decoders[name], batch, new_tokens)
+                    rates[name].append(rate["decode"])
+                    exact = exact and outs == reference
+            rows.append(
+                {
+                    "users": n,
+                    "exact": exact,
+                    "tokens_per_s": {
+                        name: round(statistics.median(v), 1) for name, v in rates.items()
+                    },
+                    "over_chain": {
+                        name: round(
+                            statistics.median(a / b for a, b in zip(v, rates[chain], strict=True)),
+                            3,
+                        )
+                        for name, v in rates.items()
+                        if name != chain
+                    },
+                }
+            )
+    return {
+        "target": "large",
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "rows": rows,
+        "exact": all(row["exact"] for row in rows),
+    }
+
+
+def users_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"users curve with shapes, {result['target']} demo target, {result['new_tokens']} "
+        f"tokens a user, {result['repeats']} alternating repeats; decode tokens/s (over the "
+        "adaptive chain, median of the per-repeat ratios)"
+    ]
+    for row in result["rows"]:
+        parts = []
+        for name, rate in row["tokens_per_s"].items():
+            ratio = row["over_chain"].get(name)
+            parts.append(f"{name}: {rate}" + (f" ({ratio:.2f}x)" if ratio else ""))
+        lines.append(f"  {row['users']:>2} users: " + "; ".join(parts))
+    lines.append(f"identical output: {'yes' if result['exact'] else 'NO'}")
     return "\n".join(lines)

@@ -46,6 +46,8 @@ microseconds, numpy's per-call overhead on arrays of nine numbers would be a vis
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from exstill_sdk.speculative.estimators import MovingAverage, PositionAcceptance, fit_line
 
 PRIOR = 0.8
@@ -104,6 +106,12 @@ class KPolicy:
     def expected_rate(self) -> float | None:
         """Tokens a second the policy expects of rounds at the K it would settle on; None
         where it does not know (a fixed K learns nothing)."""
+        return None
+
+    def verify_seconds(self, n: int) -> float | None:
+        """Seconds the target takes to verify ``n`` tokens of one sequence, as the policy has
+        measured or modelled it (any n: beyond the longest chain, the line's); None where it
+        does not know."""
         return None
 
 
@@ -204,15 +212,25 @@ class AdaptiveK(KPolicy):
         probe = self._idle_probe_every - self._idle_rounds - 1
         return max(0, min(replan, probe, PLAIN_BURST))
 
-    def verify_times(self) -> list[float]:
-        """Seconds to verify n = 1 .. max_k + 1 tokens (index n - 1), as the docstring says."""
+    def _verify_model(self) -> Callable[[int], float]:
+        """Seconds to verify n tokens, as the docstring says (measured, else the line)."""
         seen = [(n, a) for n, a in enumerate(self._verify) if n and a.count]
         points = [(n, a.value) for n, a in seen if a.count >= MIN_SAMPLES] or [
             (n, a.value) for n, a in seen
         ]
         line = fit_line((n, y, 1.0) for n, y in points)
         measured = dict(points)
-        return [measured.get(n, max(line(n), 1e-9)) for n in range(1, self.max_k + 2)]
+        return lambda n: measured.get(n, max(line(n), 1e-9))
+
+    def verify_times(self) -> list[float]:
+        """Seconds to verify n = 1 .. max_k + 1 tokens (index n - 1)."""
+        verify = self._verify_model()
+        return [verify(n) for n in range(1, self.max_k + 2)]
+
+    def verify_seconds(self, n: int) -> float | None:
+        if not any(a.count for a in self._verify):
+            return None
+        return self._verify_model()(n)
 
     def round_times(self) -> list[float]:
         """c + v(K + 1) for K = 0 .. max_k: measured where rounds of that K were seen at least

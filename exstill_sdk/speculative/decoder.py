@@ -427,7 +427,7 @@ class SpeculativeDecoder:
         self._arm = None
         if not k:
             return k
-        arm = chooser.choose(self._policy.expected_rate())
+        arm = chooser.choose(self._policy.expected_rate(), self._policy.verify_seconds)
         shape = chooser.arms[arm]
         if shape is not None and not self._tree_fits(s, shape):
             return k

@@ -10,7 +10,6 @@ beats every chain.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,10 @@ def choose_shape(kept: Mapping[Shape, float], steps: Callable[[int], float]) -> 
     return best, speedup_limit(kept[best], best.drafted + 1, steps)
 
 
+MAX_BACKOFF = 4
+"""A tree that keeps losing is still probed in every 16th sequence."""
+
+
 class TreeChooser:
     """Which shape one sequence's next round drafts: the chain (of the K its policy chooses)
     or one of the candidate trees, by the tokens a second each has given in its latest rounds.
@@ -74,7 +77,12 @@ class TreeChooser:
     The chain a tree must beat is the steady chain: only chain rounds that follow a chain
     round count towards its rate (the first chain round after a tree finds no draft made
     ahead, which says nothing of staying on the chain), and where the K policy expects more
-    of the chain at the K it would settle on (``choose(chain_rate=...)``), that counts.
+    of the chain at the K it would settle on (``choose(chain_rate=...)``), that counts. With
+    the target's verification time by tokens too (``verify_s``), a tree is not even tried
+    where keeping its whole depth in the time its pass alone takes would not beat that rate
+    by ``margin``: each probe of a tree that cannot win costs a round. For the same reason a
+    tree probed in a sequence and never chosen there is probed again only in every second
+    sequence, then every fourth, up to every ``2 ** MAX_BACKOFF``-th, until it wins once.
     """
 
     def __init__(
@@ -105,9 +113,26 @@ class TreeChooser:
         self._back_to_chain = False
         self._prev: int | None = None
         """The arm of the sequence's last round observed."""
+        self._sequences = 0
+        self._lost = dict.fromkeys(range(1, len(self.arms)), 0)
+        """Per tree: the sequences in a row it was probed in and not chosen."""
+        self._won: set[int] = set()
+        """The trees chosen in the sequence so far."""
+        self._resting: set[int] = set()
+        """The trees not probed in this sequence (they lost lately)."""
 
     def start(self) -> None:
         """A new sequence: its text decides again whether a tree can win, and by how much."""
+        for arm in self._lost:
+            if arm in self._won:
+                self._lost[arm] = 0
+            elif self._seen[arm]:
+                self._lost[arm] += 1
+        self._won.clear()
+        self._sequences += 1
+        self._resting = {
+            arm for arm, lost in self._lost.items() if self._sequences % 2 ** min(lost, MAX_BACKOFF)
+        }
         for seen in self._seen.values():
             seen.clear()
         self._chain_kept.clear()
@@ -115,31 +140,52 @@ class TreeChooser:
         self._prev = None
 
     def rate(self, arm: int) -> float | None:
-        """Tokens a second in the arm's latest rounds, the median of theirs (one slow round,
-        such as the card's first tree, does not decide); None before any."""
-        rates = [t / s for t, s in self._seen[arm] if s > 0]
-        return statistics.median(rates) if rates else None
+        """Tokens a second in the arm's latest rounds: their tokens over their seconds (what
+        a run of them gives; a median of each round's own rate would favour the shape whose
+        tokens a round vary less, since a round keeps 1 token or many); None before any."""
+        seen = self._seen[arm]
+        seconds = sum(s for _, s in seen)
+        return sum(t for t, _ in seen) / seconds if seconds > 0 else None
 
     def _depth(self, arm: int) -> int:
         shape = self.arms[arm]
         assert shape is not None
         return shape.levels
 
-    def _eligible(self) -> list[int]:
-        """The trees that could keep more a round than the sequence's chain rounds did."""
+    def _eligible(
+        self, chain_rate: float | None, verify_s: Callable[[int], float | None] | None
+    ) -> list[int]:
+        """The trees that could keep more a round than the sequence's chain rounds did, and
+        could beat the chain's expected rate if they kept their whole depth."""
         kept = sum(self._chain_kept) / len(self._chain_kept)
-        return [arm for arm in range(1, len(self.arms)) if self._depth(arm) + 1 > kept]
+        out = []
+        for arm in range(1, len(self.arms)):
+            shape = self.arms[arm]
+            assert shape is not None
+            if shape.levels + 1 <= kept or arm in self._resting:
+                continue
+            if verify_s is not None and chain_rate:
+                seconds = verify_s(shape.nodes + 1)  # a pass of the tree, nothing else
+                if seconds and (shape.levels + 1) / seconds <= chain_rate * self.margin:
+                    continue
+            out.append(arm)
+        return out
 
-    def choose(self, chain_rate: float | None = None) -> int:
+    def choose(
+        self,
+        chain_rate: float | None = None,
+        verify_s: Callable[[int], float | None] | None = None,
+    ) -> int:
         """The arm (index into ``arms``; 0 the chain) of the next round; ``chain_rate``: the
-        tokens a second the K policy expects of the chain at its best K, if it knows."""
+        tokens a second the K policy expects of the chain at its best K, and ``verify_s``: the
+        seconds a pass of n tokens takes, if the policy knows."""
         self._rounds += 1
         if self.fixed:
             return 1
         if len(self._chain_kept) < self.warmup or self._back_to_chain:
             self._back_to_chain = False
             return 0
-        trees = self._eligible()
+        trees = self._eligible(chain_rate, verify_s)
         for arm in trees:
             if len(self._seen[arm]) < self.probe:
                 return arm
@@ -151,7 +197,10 @@ class TreeChooser:
         rates = {arm: self.rate(arm) or 0.0 for arm in [0, *trees]}
         rates[0] = max(rates[0], chain_rate or 0.0)
         tree = max(trees, key=lambda arm: rates[arm], default=0)
-        return tree if tree and rates[tree] > rates[0] * self.margin else 0
+        if tree and rates[tree] > rates[0] * self.margin:
+            self._won.add(tree)
+            return tree
+        return 0
 
     def observe(self, arm: int, tokens: int, seconds: float) -> None:
         """A round of ``arm`` gave ``tokens`` tokens in ``seconds`` (its pass, its card

@@ -70,7 +70,7 @@ def test_expected_rate_is_the_plans_best() -> None:
     """What a tree must beat (TreeChooser): the tokens a second the policy expects of rounds at
     its best K, near what the simulated costs give at the K it settles on."""
     policy = AdaptiveK(8)
-    assert policy.expected_rate() is None  # nothing planned yet
+    assert policy.expected_rate() is None and policy.verify_seconds(3) is None  # nothing yet
     chosen = simulate(
         policy, 400, acceptance=0.92, step_ms=21.0, per_token_ms=1.6, card_ms_per_token=0.1
     )
@@ -80,7 +80,10 @@ def test_expected_rate_is_the_plans_best() -> None:
     kept = sum(0.92**j for j in range(k + 1))  # the bonus token, then each accepted position
     seconds = (21.0 + 1.6 * k + 0.1 * k) * 1e-3 + 20e-6
     assert rate == pytest.approx(kept / seconds, rel=0.15)
-    assert KPolicy().expected_rate() is None
+    # and what a pass costs, beyond the longest chain too (a tree of 15 nodes scores 16)
+    assert policy.verify_seconds(9) == pytest.approx((21.0 + 1.6 * 8) * 1e-3, rel=0.05)
+    assert policy.verify_seconds(16) == pytest.approx((21.0 + 1.6 * 15) * 1e-3, rel=0.1)
+    assert KPolicy().expected_rate() is None and KPolicy().verify_seconds(9) is None
 
 
 def test_drafting_resumes_when_it_pays_again() -> None:

@@ -192,7 +192,7 @@ def test_chooser_times_the_chain_by_its_steady_rounds() -> None:
     for _ in range(2):  # a tree round (3.2 a second), then a chain round drafted on the spot
         chooser.observe(1, 4, 1.25)
         chooser.observe(0, 3, 2.0)
-    assert chooser.rate(0) == 3.0  # counted, the slow rounds would make it 2.25
+    assert chooser.rate(0) == 3.0  # counted, the slow rounds would make it 2.0
     assert chooser.best([1]) == 0  # so the tree, 7% ahead of the steady chain, does not run
 
 
@@ -203,3 +203,33 @@ def test_chooser_weighs_trees_against_the_chain_the_policy_expects() -> None:
     # the K policy expects 6 a second of the chain at the K it would settle on: the chain
     assert chooser.choose(chain_rate=6.0) == 0
     assert chooser.choose(chain_rate=4.0) == 1
+
+
+def test_chooser_does_not_probe_a_tree_that_cannot_win() -> None:
+    """A tree of 8 nodes, depth 6: at best 7 tokens in a pass of 9 tokens. Against a chain the
+    policy expects 6 tokens a second of, a pass of 9 tokens taking 1.5 s (7 / 1.5 = 4.7 at
+    best) is not worth a probe; one taking 1 s (7 a second) is."""
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3)
+    feed(chooser, 3, {0: 3})  # the chain's warm-up: 3 tokens a round, so the tree is eligible
+    assert chooser.choose(chain_rate=6.0, verify_s=lambda n: 1.5) == 0
+    assert chooser.choose(chain_rate=6.0, verify_s=lambda n: 1.0) == 1
+    assert chooser.choose(chain_rate=6.0, verify_s=lambda n: None) == 1  # unknown: probed
+
+
+def test_a_tree_that_keeps_losing_is_probed_in_fewer_sequences() -> None:
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=2, probe=2)
+    probed = []
+    for _ in range(12):  # sequences in which the tree (2 a second) loses to the chain (3)
+        chooser.start()
+        probed.append(feed(chooser, 10, {0: 3, 1: 2}).count(1) > 0)
+    # every sequence at first, then every second, fourth, eighth
+    assert probed == [True, True, False, True, False, False, False, True] + [False] * 4
+    # the text changes: the tree would win, but rests until its next probe (sequence 16)
+    ran = []
+    for _ in range(4):
+        chooser.start()
+        ran.append(feed(chooser, 10, {0: 3, 1: 5}).count(1))
+    assert ran[:3] == [0, 0, 0] and ran[3] > 2  # probed, then chosen
+    for _ in range(3):  # having won, it is probed in every sequence again
+        chooser.start()
+        assert feed(chooser, 10, {0: 3, 1: 5}).count(1) > 2

@@ -501,6 +501,7 @@ CARD_FIELDS = (
     "max_tree_nodes",
     "ahead_us_per_token",
     "ahead_stream_us_per_token",
+    "target_slowdown",
 )
 PREFETCH = ("outcomes", "full-acceptance", "none")
 MAX_K = 16
@@ -556,6 +557,11 @@ class CardProfile:
     """``draft_us_per_token`` and ``stream_us_per_token`` of drafting ahead, while the target
     verifies: the same in silicon; on a CPU emulator beside a running target, more (the two
     share caches), where a miss is drafted while the host waits."""
+    target_slowdown: float
+    """How many times as long the target's verification pass takes while the card drafts
+    ahead beside it: 1 for a card of its own silicon (the default); above 1 for the emulator,
+    which shares the CPU's caches and memory with the target. A plain step (K = 0, the card
+    idle) is not slowed."""
     host_us_per_round: float
     """The host's own time a round (its loop), besides the pass."""
     host_us_per_sequence: float
@@ -619,6 +625,7 @@ def load_card(path: str | Path) -> CardProfile:
         ahead_stream_us_per_token=c.number(
             "ahead_stream_us_per_token", c.number("stream_us_per_token", 0.0)
         ),
+        target_slowdown=c.number("target_slowdown", 1.0, positive=True),
         host_us_per_round=host.number("us_per_round", 0.0),
         host_us_per_sequence=host.number("us_per_sequence", 0.0),
     )

@@ -113,6 +113,8 @@ def simulate(
             users, 0, str(shape), rate, rate / users, plain_rate, rate / plain_rate, 1.0, 0.0,
             0, 0, 0, split,
         )  # fmt: skip
+    if card.prefetch != "none":  # the card drafts ahead beside the pass
+        verify *= card.target_slowdown
     rtt = card.link_rtt_us / 1e3
     ahead_for = outcomes_ahead(card, shape, drafting, verify + host + rtt)
     if rounds is None:

@@ -52,7 +52,7 @@ def choose_shape(kept: Mapping[Shape, float], steps: Callable[[int], float]) -> 
 
 
 MAX_BACKOFF = 4
-"""A tree that keeps losing is still probed in every 16th sequence."""
+"""A tree that keeps losing is still probed in one sequence of 16."""
 
 
 class TreeChooser:
@@ -81,14 +81,14 @@ class TreeChooser:
     the target's verification time by tokens too (``verify_s``), a tree is not even tried
     where keeping its whole depth in the time its pass alone takes would not beat that rate
     by ``margin``: each probe of a tree that cannot win costs a round. For the same reason a
-    tree probed in a sequence and never chosen there is probed again only in every second
-    sequence, then every fourth, up to every ``2 ** MAX_BACKOFF``-th, until it wins once.
+    tree probed in a sequence and never chosen there rests the next sequence, then (losing
+    again) the next 3, 7, ... up to ``2 ** MAX_BACKOFF - 1``, until it wins once.
     """
 
     def __init__(
         self,
         candidates: Sequence[TreeRequest],
-        probe: int = 3,
+        probe: int = 2,
         window: int = 16,
         warmup: int = 6,
         reprobe: int = 32,
@@ -113,9 +113,10 @@ class TreeChooser:
         self._back_to_chain = False
         self._prev: int | None = None
         """The arm of the sequence's last round observed."""
-        self._sequences = 0
         self._lost = dict.fromkeys(range(1, len(self.arms)), 0)
         """Per tree: the sequences in a row it was probed in and not chosen."""
+        self._rest = dict.fromkeys(range(1, len(self.arms)), 0)
+        """Per tree: the sequences it is still not probed in."""
         self._won: set[int] = set()
         """The trees chosen in the sequence so far."""
         self._resting: set[int] = set()
@@ -125,14 +126,14 @@ class TreeChooser:
         """A new sequence: its text decides again whether a tree can win, and by how much."""
         for arm in self._lost:
             if arm in self._won:
-                self._lost[arm] = 0
-            elif self._seen[arm]:
+                self._lost[arm] = self._rest[arm] = 0
+            elif self._seen[arm]:  # probed and never chosen: rest 1, 3, 7, ... sequences
                 self._lost[arm] += 1
+                self._rest[arm] = 2 ** min(self._lost[arm], MAX_BACKOFF) - 1
         self._won.clear()
-        self._sequences += 1
-        self._resting = {
-            arm for arm, lost in self._lost.items() if self._sequences % 2 ** min(lost, MAX_BACKOFF)
-        }
+        self._resting = {arm for arm, rest in self._rest.items() if rest}
+        for arm in self._resting:
+            self._rest[arm] -= 1
         for seen in self._seen.values():
             seen.clear()
         self._chain_kept.clear()

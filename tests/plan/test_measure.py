@@ -20,3 +20,13 @@ def test_drafting_ahead_is_a_line_in_the_streams_the_card_timed() -> None:
 
 def test_host_line_from_runs() -> None:
     assert host_line([(1, 100.0), (3, 140.0)]) == {"us_per_round": 80.0, "us_per_sequence": 20.0}
+
+
+def test_table_ms_interpolates_one_batchs_passes_and_retime_replaces_them() -> None:
+    from exstill_sdk.plan.measure.profile import table_ms
+
+    rows = {"batch": [1, 1, 1, 4, 4], "tokens": [1, 5, 9, 4, 36], "ms": [2.0, 3.0, 5.0, 6.0, 9.0]}
+    doc = {"target": {"pass": rows}}
+    assert table_ms(doc, 1, 7) == 4.0  # between 5 tokens (3 ms) and 9 (5 ms)
+    assert table_ms(doc, 4, 36) == 9.0
+    assert table_ms(doc, 1, 1) == 2.0

@@ -39,6 +39,7 @@ CARD = CardProfile(
     outcome_share=0.85,
     ahead_us_per_token=50.0,
     ahead_stream_us_per_token=0.0,
+    target_slowdown=1.0,
     host_us_per_round=0.0,
     host_us_per_sequence=0.0,
 )
@@ -93,6 +94,20 @@ def test_prefetch_not_done_when_the_pass_is_shorter_than_drafting_ahead() -> Non
     # drafting ahead beside the target at 6 ms a step: 30 ms ahead, the card 20 ms late
     slower = simulate(MEMORY_BOUND, replace(slow, ahead_us_per_token=6000.0), ALWAYS, 1, 4)
     assert slower.round_ms.card == pytest.approx(30.0 - 10.0, rel=0.01)
+
+
+def test_a_card_drafting_beside_the_target_slows_its_passes() -> None:
+    """The emulator shares the CPU with the target: a pass beside its drafting ahead takes
+    ``target_slowdown`` times as long; a plain step, and a pass without prefetch, do not."""
+    ahead = replace(FREE, prefetch="full-acceptance")
+    shared = replace(ahead, target_slowdown=1.25)
+    assert simulate(MEMORY_BOUND, shared, ALWAYS, 1, 4).tokens_per_s == pytest.approx(
+        simulate(MEMORY_BOUND, ahead, ALWAYS, 1, 4).tokens_per_s / 1.25, rel=1e-6
+    )
+    for card, k in ((shared, 0), (replace(shared, prefetch="none"), 4)):
+        assert simulate(MEMORY_BOUND, card, ALWAYS, 1, k).tokens_per_s == pytest.approx(
+            simulate(MEMORY_BOUND, replace(card, target_slowdown=1.0), ALWAYS, 1, k).tokens_per_s
+        )
 
 
 def test_drafting_cost_by_streams_and_waves() -> None:

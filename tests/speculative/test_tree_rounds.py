@@ -218,18 +218,18 @@ def test_chooser_does_not_probe_a_tree_that_cannot_win() -> None:
 
 def test_a_tree_that_keeps_losing_is_probed_in_fewer_sequences() -> None:
     chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=2, probe=2)
-    probed = []
-    for _ in range(12):  # sequences in which the tree (2 a second) loses to the chain (3)
-        chooser.start()
-        probed.append(feed(chooser, 10, {0: 3, 1: 2}).count(1) > 0)
-    # every sequence at first, then every second, fourth, eighth
-    assert probed == [True, True, False, True, False, False, False, True] + [False] * 4
-    # the text changes: the tree would win, but rests until its next probe (sequence 16)
-    ran = []
-    for _ in range(4):
-        chooser.start()
-        ran.append(feed(chooser, 10, {0: 3, 1: 5}).count(1))
-    assert ran[:3] == [0, 0, 0] and ran[3] > 2  # probed, then chosen
-    for _ in range(3):  # having won, it is probed in every sequence again
-        chooser.start()
-        assert feed(chooser, 10, {0: 3, 1: 5}).count(1) > 2
+
+    def sequences(n: int, kept: dict[int, int]) -> list[bool]:
+        """Whether the tree ran in each of ``n`` new sequences."""
+        out = []
+        for _ in range(n):
+            chooser.start()
+            out.append(feed(chooser, 10, kept).count(1) > 0)
+        return out
+
+    # the tree (2 a second) loses to the chain (3): it rests 1, then 3, then 7 sequences
+    assert sequences(12, {0: 3, 1: 2}) == [True, False, True] + [False] * 3 + [True] + [False] * 5
+    # the text changes and the tree would win, but it rests until its next probe
+    assert sequences(3, {0: 3, 1: 5}) == [False, False, True]
+    # having won, it runs in every sequence again
+    assert sequences(3, {0: 3, 1: 5}) == [True, True, True]

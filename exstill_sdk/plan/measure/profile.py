@@ -9,7 +9,10 @@ emulated card's drafting and link, and the host's loop (``exstill-bench profile`
   the draft for all of them), for K = 1..8; from those the cost of a step, the fixed cost of
   drafting anew, and what each further stream adds to a step and to a round;
 - host: the host's time a pass (a run's wall time less verification and waiting for the card),
-  from speculative runs at each user count, as a line in the users (``[host]``).
+  from speculative runs at each user count, as a line in the users (``[host]``);
+- the card's ``target_slowdown``: a pass in those runs, beside the card drafting ahead,
+  against the table's pass of as many tokens timed with the card idle (the median over the
+  user counts; the emulator shares the CPU's caches and memory with the target).
 
 The card's drafting ahead runs while the host waits for the next COMMIT; a measured miss
 therefore follows a pause as long as a pass would be, so that the next miss does not wait for it.
@@ -24,6 +27,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from exstill_sdk.bench.decode.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
@@ -114,11 +119,33 @@ def measure(
     card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
     steps = [p["ahead_step"] for p in pilots.values() if p["ahead_step"]]
     card_doc["card"].update(ahead_line(card_doc["card"], steps))
+    slowdown = {
+        u: p["pass_ms"] / table_ms(target_doc, u, p["pass_tokens"])
+        for u, p in pilots.items()
+        if p["pass_ms"]
+    }
+    if slowdown:
+        card_doc["card"]["target_slowdown"] = round(
+            max(1.0, statistics.median(slowdown.values())), 3
+        )
     return {
         "target": target_doc,
         "card": card_doc,
         "runs": {str(u): {"metrics": p["metrics"]} for u, p in pilots.items()},
+        "target_slowdown_by_users": {str(u): round(v, 3) for u, v in slowdown.items()},
     }
+
+
+def table_ms(target_doc: dict[str, Any], users: int, tokens: float) -> float:
+    """The pass table's milliseconds for ``users`` sequences and ``tokens`` tokens (a line
+    between the sizes timed)."""
+    rows = target_doc["target"]["pass"]
+    points = sorted(
+        (t, ms)
+        for b, t, ms in zip(rows["batch"], rows["tokens"], rows["ms"], strict=True)
+        if b == users
+    )
+    return float(np.interp(tokens, [t for t, _ in points], [ms for _, ms in points]))
 
 
 def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> dict[str, Any]:
@@ -135,15 +162,20 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
         results = decoder.generate_batch(batch, n, stop_token_ids=[])
         ahead = {key: card.stats().get(key, 0) - before.get(key, 0) for key in AHEAD_STATS}
         passes = max(r.metrics.rounds for r in results)
-        costs.append((passes, decoder.metrics.host_s))
-        metrics = decoder.metrics.to_dict()
-    (p0, h0), (p1, h1) = costs
+        m = decoder.metrics
+        costs.append((passes, m.host_s, m.verify_s, m.num_draft_tokens + m.rounds))
+        metrics = m.to_dict()
+    (p0, h0, v0, t0), (p1, h1, v1, t1) = costs
     steps, us, streams = (ahead[key] for key in AHEAD_STATS)
+    passes = max(1, p1 - p0)
     return {
         "metrics": metrics,
-        "host_us": max(0.0, (h1 - h0) / max(1, p1 - p0)) * 1e6,
+        "host_us": max(0.0, (h1 - h0) / passes) * 1e6,
         # the card's own timing of its drafting ahead in the long run: (streams, us) a step
         "ahead_step": (streams / steps, us / steps) if steps else None,
+        # a steady pass of the long run, beside the card drafting ahead: its ms and tokens
+        "pass_ms": max(0.0, (v1 - v0) / passes) * 1e3 if p1 > p0 else 0.0,
+        "pass_tokens": (t1 - t0) / passes,
     }
 
 
@@ -180,10 +212,7 @@ def target_profile(
     curve per U."""
     rows: dict[str, list[float]] = {"batch": [], "tokens": [], "ms": []}
     for u in users:
-        for tokens, ms in pass_costs(target, prompts[:u], ks, turns=PASS_TURNS).items():
-            rows["batch"].append(u)
-            rows["tokens"].append(int(tokens))
-            rows["ms"].append(ms)
+        retime(rows, target, prompts, u, ks)
     return {
         "target": {
             "name": name,
@@ -192,6 +221,21 @@ def target_profile(
             "pass": rows,
         }
     }
+
+
+def retime(
+    rows: dict[str, list[float]], target: Any, prompts: list[list[int]], users: int,
+    ks: Sequence[int],
+) -> None:  # fmt: skip
+    """Time the passes of ``users`` sequences with every K in ``ks`` (now), in place of the
+    table's rows for that many users."""
+    keep = [i for i, b in enumerate(rows["batch"]) if b != users]
+    for key in rows:
+        rows[key] = [rows[key][i] for i in keep]
+    for tokens, ms in pass_costs(target, prompts[:users], ks, turns=PASS_TURNS).items():
+        rows["batch"].append(users)
+        rows["tokens"].append(int(tokens))
+        rows["ms"].append(ms)
 
 
 def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, Any]:

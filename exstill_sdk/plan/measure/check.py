@@ -36,7 +36,13 @@ from typing import Any
 from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
-from exstill_sdk.plan.measure.profile import PILOT_K, measure, retime, write_profiles
+from exstill_sdk.plan.measure.profile import (
+    AHEAD_STATS,
+    PILOT_K,
+    measure,
+    retime,
+    write_profiles,
+)
 
 TOLERANCE = 0.10
 
@@ -102,14 +108,17 @@ def _row(
     k = planned.k
     decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
     spec, plain = [], []
+    before = card.stats()
     for rep in range(repeats):
         for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
             if way == "plain":
                 plain.append(plain_rate(target, batch, new_tokens)[0]["decode"])
             else:
                 spec.append(speculative_rate(decoder, batch, new_tokens)[0]["decode"])
+    ahead = {key: card.stats().get(key, 0) - before.get(key, 0) for key in AHEAD_STATS}
     measured = statistics.median(spec)
     m = decoder.metrics
+    passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
     predicted = planned  # at K = 0 acceptance plays no part
     if k:
         own = folder / f"check-{users}-users.json"  # the run's acceptance, as its JSON has it
@@ -135,4 +144,8 @@ def _row(
         "predicted_card_ms": round(predicted.round_ms.card, 4),
         # the metrics count rounds per sequence; the card's wait is a batch round's
         "measured_card_wait_ms": round(m.card_wait_s / max(1, m.rounds) * users * 1e3, 4),
+        # the pass and the card's drafting ahead as they ran (prompt passes included)
+        "predicted_verify_ms": round(predicted.round_ms.step + predicted.round_ms.verify_extra, 4),
+        "measured_verify_ms": round(m.verify_s / max(1.0, passes) * 1e3, 4),
+        "measured_ahead_step_us": round(ahead["ahead_step_us"] / max(1, ahead["ahead_steps"]), 1),
     }

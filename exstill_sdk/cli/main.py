@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "off"),
         default="off",
         help="off (default): chains only; auto: a token tree where it gave more tokens a second "
-        "than the chain in this run (not yet reliable: docs/benchmarks.md)",
+        "than the steady chain in this run (level with the chain on this pair: "
+        "docs/benchmarks.md)",
     )
     demo.add_argument(
         "--runs",

@@ -121,13 +121,14 @@ class SpeculativeDecoder:
     ``KPolicy`` of the caller's, which then chooses K for rounds of one sequence.
 
     ``trees``: ``"off"`` (the default) drafts chains only. Where trees can run (greedy
-    decoding, a target that scores trees, a card with Features.TREES, one sequence at a time: a
-    tree is scored alone, not batched with other sequences), ``"auto"`` measures the chain
-    against ``DEFAULT_TREES`` and drafts the shape that gives the most tokens a second
-    (``TreeChooser``); a ``TreeRequest`` (or several) fixes the tree (or the candidates).
-    ``tree_note`` says why trees do not run where they do not. ``"auto"`` is not the default
-    yet: on the demo pair it chose trees that were slower than the chain it replaced
-    (docs/benchmarks.md, "One user, the shape chosen").
+    decoding, a target that scores trees, a card with Features.TREES), ``"auto"`` lets a lone
+    sequence measure the steady chain against ``DEFAULT_TREES`` and draft the shape that gives
+    the most tokens a second (``TreeChooser``; a batch drafts chains); one ``TreeRequest``
+    fixes the tree for every sequence, batches included (their trees and chains scored in one
+    pass, ``TargetAdapter.verify_drafts``), several are the candidates. ``tree_note`` says why
+    trees do not run where they do not. ``"auto"`` is not the default: on the demo pair a tree
+    does not pay, and auto is level with the chain only within noise (docs/benchmarks.md, "One
+    user, the shape chosen").
     """
 
     def __init__(

@@ -146,6 +146,6 @@ def _row(
         "measured_card_wait_ms": round(m.card_wait_s / max(1, m.rounds) * users * 1e3, 4),
         # the pass and the card's drafting ahead as they ran (prompt passes included)
         "predicted_verify_ms": round(predicted.round_ms.step + predicted.round_ms.verify_extra, 4),
-        "measured_verify_ms": round(m.verify_s / max(1.0, passes) * 1e3, 4),
+        "measured_verify_ms_with_prompt": round(m.verify_s / max(1.0, passes) * 1e3, 4),
         "measured_ahead_step_us": round(ahead["ahead_step_us"] / max(1, ahead["ahead_steps"]), 1),
     }

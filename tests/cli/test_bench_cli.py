@@ -306,6 +306,29 @@ def test_shapes_bench_runs_every_way_exactly() -> None:
     assert refused.returncode == 2 and "--repeats" in refused.stderr
 
 
+def test_shapes_users_curve_runs_trees_in_batches_exactly() -> None:
+    """The users curve with shapes on the small demo target: auto and each fixed tree beside
+    the adaptive chain at each user count, every output the target's own."""
+    args = ["shapes", "--target", "small", "--users", "1,2", "--new-tokens", "24"]
+    out = subprocess.run(
+        [script("exstill-bench"), *args, "--repeats", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["exact"] is True and [row["users"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert len(row["tokens_per_s"]) == 2 + len(DEFAULT_TREES)
+        assert all(v > 0 for v in row["tokens_per_s"].values())
+        assert set(row["over_chain"]) == set(row["tokens_per_s"]) - {"chain, adaptive K"}
+    refused = subprocess.run(
+        [script("exstill-bench"), "shapes", "--users", "0,2"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--users" in refused.stderr
+
+
 def test_prefetch_bench_counts_both_ways_exactly() -> None:
     """Full-acceptance prefetch against prefetch for several outcomes on the small demo
     target: the card's own counters per way, every round's reply timed, exact output (the

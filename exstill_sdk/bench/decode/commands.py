@@ -112,7 +112,7 @@ def register(sub: Subcommands) -> None:
     shapes.add_argument(
         "--users",
         help="instead: the users curve with shapes at these user counts (e.g. 1,2,4,8): the "
-        "adaptive chain, auto and each fixed tree, on the large target",
+        "adaptive chain, auto and each fixed tree",
     )
     shapes.add_argument("--json", action="store_true", help="print one JSON object")
     shapes.set_defaults(handler=_shapes)
@@ -238,7 +238,10 @@ def _shapes(args: argparse.Namespace) -> dict[str, Any] | None:
         if min(counts) < 1:
             raise UsageError("--users wants user counts of 1 or more, e.g. 1,2,4,8")
         curve = shapes.users_run(
-            users=tuple(counts), new_tokens=args.new_tokens, repeats=args.repeats
+            target=args.target,
+            users=tuple(counts),
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
         )
         if args.json:
             return curve

@@ -156,6 +156,7 @@ def table(result: dict[str, Any]) -> str:
 
 def users_run(
     *,
+    target: str = "large",
     users: tuple[int, ...] = (1, 2, 4, 8),
     prompt_tokens: int = 96,
     new_tokens: int = 128,
@@ -170,7 +171,7 @@ def users_run(
     ways: list[object] = ["adaptive", "auto", *trees]
     rows = []
     with demo_card(max(users), prompt_tokens) as (card, prompts):
-        model = demo_onnx_target(demo_target("large").image, users, prompts)
+        model = demo_onnx_target(demo_target(target).image, users, prompts)
         decoders = {}
         for way in ways:
             k, shape = _options(way)
@@ -208,7 +209,7 @@ def users_run(
                 }
             )
     return {
-        "target": "large",
+        "target": target,
         "new_tokens": new_tokens,
         "repeats": repeats,
         "rows": rows,

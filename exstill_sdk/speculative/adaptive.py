@@ -32,6 +32,11 @@ rounds and drafting does not already promise twice its rate (it is the baseline 
 must beat; only the second round counts, as the card may still be drafting ahead beside the
 first, and on this kind of machine card and target share the last-level cache).
 
+A new sequence is a new text: what the policy knows of acceptance then weighs as eight drafts
+(its rates kept, a prior the new text soon outweighs), and the tokens per second measured at
+each drafting K are forgotten (they were the last text's); what a pass costs, the card's wait
+a token and the target alone's rate are the machine's and stay.
+
 K* = 0 means drafting does not pay at these costs: the round is the target's plain step with no
 card round at all (the decoder brings the card up to date when K* turns positive again). Such a
 policy probes K = 1 after 32 rounds, then after 64, 128, up to 1024 while probes keep confirming
@@ -68,6 +73,8 @@ the target alone."""
 SWITCH_MARGIN = 0.15
 """At K* = 0, drafting must promise this much more than the target alone before the stream
 drafts again: each switch costs the card a catch-up that the rates above do not count."""
+NEW_TEXT_WEIGHT = 8.0
+"""At a new sequence, the acceptance counts weigh as at most this many drafts."""
 ACCEPTANCE_HALF_LIFE = 256
 """Every this many rounds the acceptance counts are halved, so that a long-lived policy follows
 the text it now drafts for (and, at K = 0, what a probe sees soon counts)."""
@@ -107,6 +114,9 @@ class KPolicy:
         """Tokens a second the policy expects of rounds at the K it would settle on; None
         where it does not know (a fixed K learns nothing)."""
         return None
+
+    def start_sequence(self) -> None:
+        """A new sequence begins (its text is not the last one's)."""
 
     def verify_seconds(self, n: int) -> float | None:
         """Seconds the target takes to verify ``n`` tokens of one sequence, as the policy has
@@ -274,6 +284,14 @@ class AdaptiveK(KPolicy):
                 best, best_rate = k, rates[k]
         self._rates = rates
         return best
+
+    def start_sequence(self) -> None:
+        self.acceptance.cap(NEW_TEXT_WEIGHT)
+        for k in range(1, self.max_k + 1):
+            self._done_tokens[k] = MovingAverage(VERIFY_WINDOW)
+            self._done_seconds[k] = MovingAverage(VERIFY_WINDOW)
+        if self._best > 0:
+            self._best = -1  # plan again at the next choice
 
     def expected_rate(self) -> float | None:
         return max(self._rates) if self._best >= 0 and max(self._rates) > 0 else None

@@ -554,6 +554,7 @@ class SpeculativeDecoder:
         until drafting pays; with ``alone``, one the card has no free stream for starts with
         the target alone (else CardFullError queues it)."""
         t0 = s.started = s.started or time.perf_counter()
+        self._policy.start_sequence()
         if self._trees is not None:
             self._trees.start()
         k = self._policy.choose(self._limit(s))

@@ -31,8 +31,16 @@ class PositionAcceptance:
             hits[j] += j <= accepted
 
     def halve(self) -> None:
-        self.reached = [r / 2 for r in self.reached]
-        self.accepted = [a / 2 for a in self.accepted]
+        self.scale(0.5)
+
+    def scale(self, factor: float) -> None:
+        self.reached = [r * factor for r in self.reached]
+        self.accepted = [a * factor for a in self.accepted]
+
+    def cap(self, drafts: float) -> None:
+        """Weigh the counts as at most ``drafts`` drafts (their rates unchanged)."""
+        if self.reached[1] > drafts:
+            self.scale(drafts / self.reached[1])
 
     def rate(self, j: int, prior: float, weight: float) -> float:
         """Acceptance at position j, the counts joined by ``prior`` worth ``weight`` drafts."""

@@ -86,6 +86,21 @@ def test_expected_rate_is_the_plans_best() -> None:
     assert KPolicy().expected_rate() is None and KPolicy().verify_seconds(9) is None
 
 
+def test_a_new_sequence_is_a_new_text() -> None:
+    """After 400 rounds of text a chain takes whole, a sequence whose text is hard: told that
+    a new sequence began, the policy leaves long drafts within a few rounds; not told, its
+    record of the easy text keeps it at K = 8 for the whole sequence."""
+    costs = dict(step_ms=21.0, per_token_ms=1.6, card_ms_per_token=0.1)
+    chosen = {}
+    for told in (False, True):
+        policy = AdaptiveK(8)
+        simulate(policy, 400, acceptance=0.97, **costs)
+        if told:
+            policy.start_sequence()
+        chosen[told] = simulate(policy, 40, acceptance=0.3, seed=1, **costs)
+    assert np.mean(chosen[True][10:]) <= 2 and np.mean(chosen[False][10:]) >= 6
+
+
 def test_drafting_resumes_when_it_pays_again() -> None:
     # the same costs throughout; the text turns from hard to draft to easy
     costs = dict(step_ms=0.5, per_token_ms=0.1, card_ms_per_token=0.05)

@@ -95,14 +95,14 @@ class TreeRunner:
         ``tokens`` (whose depths and visibility over every node are given; the nodes before
         them are cached already, after the context)."""
         d = self.decoder
-        positions, bias = tree_attention(start, len(prefix), node_depths, visible)
+        p, new = len(prefix), len(tokens)
+        positions, bias = tree_attention(start, p, node_depths, visible)
         ids = np.asarray([*prefix, *tokens], np.int64)[None, :]
         total = bias.shape[-1]
         io = d.kv_binding(row, row + 1, "tree", self.session)
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
         io.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
-        p, new = len(prefix), len(tokens)
         io.bind_cpu_input("logit_rows", np.arange(max(p - 1, 0), p + new, dtype=np.int64))
         io.bind_cpu_input("position_ids", positions[None, :])
         io.bind_cpu_input("attention_bias", bias[None, None])

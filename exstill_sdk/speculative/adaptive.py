@@ -150,6 +150,8 @@ class AdaptiveK(KPolicy):
         self.acceptance = PositionAcceptance(max_k)
         self._verify = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 2)]
         """Per n = tokens verified: the target's seconds."""
+        self._verify_fn: Callable[[int], float] | None = None
+        """``_verify_model``'s function, made again after a new verify sample."""
         self._round = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 1)]
         """Per K: verify + host seconds of its rounds (counted with ``_verify[K + 1]``)."""
         self._done_tokens = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 1)]
@@ -182,6 +184,7 @@ class AdaptiveK(KPolicy):
         if self.rounds % ACCEPTANCE_HALF_LIFE == 0:
             self.acceptance.halve()
         self._verify[k + 1].update(verify_s)
+        self._verify_fn = None
         self._round[k].update(verify_s + other_s)
         if not k:
             if self._last_k == 0:  # the card idle since the round before: no draft beside it
@@ -211,6 +214,7 @@ class AdaptiveK(KPolicy):
         self.rounds += rounds
         self._idle_rounds += rounds
         self._verify[1].update(verify_s, rounds)
+        self._verify_fn = None
         self._round[0].update(verify_s + other_s, rounds)
         self.other += min(1.0, 0.2 * rounds) * (other_s - self.other)
 
@@ -223,14 +227,17 @@ class AdaptiveK(KPolicy):
         return max(0, min(replan, probe, PLAIN_BURST))
 
     def _verify_model(self) -> Callable[[int], float]:
-        """Seconds to verify n tokens, as the docstring says (measured, else the line)."""
-        seen = [(n, a) for n, a in enumerate(self._verify) if n and a.count]
-        points = [(n, a.value) for n, a in seen if a.count >= MIN_SAMPLES] or [
-            (n, a.value) for n, a in seen
-        ]
-        line = fit_line((n, y, 1.0) for n, y in points)
-        measured = dict(points)
-        return lambda n: measured.get(n, max(line(n), 1e-9))
+        """Seconds to verify n tokens, as the docstring says (measured, else the line); made
+        once per new verify sample (the shape chooser asks every round)."""
+        if self._verify_fn is None:
+            seen = [(n, a) for n, a in enumerate(self._verify) if n and a.count]
+            points = [(n, a.value) for n, a in seen if a.count >= MIN_SAMPLES] or [
+                (n, a.value) for n, a in seen
+            ]
+            line = fit_line((n, y, 1.0) for n, y in points)
+            measured = dict(points)
+            self._verify_fn = lambda n: measured.get(n, max(line(n), 1e-9))
+        return self._verify_fn
 
     def verify_times(self) -> list[float]:
         """Seconds to verify n = 1 .. max_k + 1 tokens (index n - 1)."""

@@ -234,26 +234,22 @@ def _shapes(args: argparse.Namespace) -> dict[str, Any] | None:
     if min(args.new_tokens, args.repeats) < 1 or args.prompts < 0:
         raise UsageError("--new-tokens and --repeats want 1 or more, --prompts 0 or more")
     if args.users:
-        counts = comma_numbers("--users", args.users)
-        if min(counts) < 1:
-            raise UsageError("--users wants user counts of 1 or more, e.g. 1,2,4,8")
-        curve = shapes.users_run(
+        result = shapes.users_run(
             target=args.target,
-            users=tuple(counts),
+            users=comma_numbers("--users", args.users),
             new_tokens=args.new_tokens,
             repeats=args.repeats,
         )
-        if args.json:
-            return curve
-        print(shapes.users_table(curve))
-        return None
-    result = shapes.run(
-        target=args.target,
-        prompts=args.prompts,
-        new_tokens=args.new_tokens,
-        repeats=args.repeats,
-    )
+        table = shapes.users_table
+    else:
+        result = shapes.run(
+            target=args.target,
+            prompts=args.prompts,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+        )
+        table = shapes.table
     if args.json:
         return result
-    print(shapes.table(result))
+    print(table(result))
     return None

@@ -37,8 +37,8 @@ from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.plan.measure.profile import (
-    AHEAD_STATS,
     PILOT_K,
+    ahead_step,
     measure,
     retime,
     write_profiles,
@@ -115,7 +115,7 @@ def _row(
                 plain.append(plain_rate(target, batch, new_tokens)[0]["decode"])
             else:
                 spec.append(speculative_rate(decoder, batch, new_tokens)[0]["decode"])
-    ahead = {key: card.stats().get(key, 0) - before.get(key, 0) for key in AHEAD_STATS}
+    ahead = ahead_step(card, before)
     measured = statistics.median(spec)
     m = decoder.metrics
     passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
@@ -147,5 +147,5 @@ def _row(
         # the pass and the card's drafting ahead as they ran (prompt passes included)
         "predicted_verify_ms": round(predicted.round_ms.step + predicted.round_ms.verify_extra, 4),
         "measured_verify_ms_with_prompt": round(m.verify_s / max(1.0, passes) * 1e3, 4),
-        "measured_ahead_step_us": round(ahead["ahead_step_us"] / max(1, ahead["ahead_steps"]), 1),
+        "measured_ahead_step_us": round(ahead[1], 1) if ahead else 0.0,
     }

@@ -160,19 +160,18 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
         decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K)
         before = card.stats()
         results = decoder.generate_batch(batch, n, stop_token_ids=[])
-        ahead = {key: card.stats().get(key, 0) - before.get(key, 0) for key in AHEAD_STATS}
+        ahead = ahead_step(card, before)
         passes = max(r.metrics.rounds for r in results)
         m = decoder.metrics
         costs.append((passes, m.host_s, m.verify_s, m.num_draft_tokens + m.rounds))
         metrics = m.to_dict()
     (p0, h0, v0, t0), (p1, h1, v1, t1) = costs
-    steps, us, streams = (ahead[key] for key in AHEAD_STATS)
     passes = max(1, p1 - p0)
     return {
         "metrics": metrics,
         "host_us": max(0.0, (h1 - h0) / passes) * 1e6,
         # the card's own timing of its drafting ahead in the long run: (streams, us) a step
-        "ahead_step": (streams / steps, us / steps) if steps else None,
+        "ahead_step": ahead,
         # a steady pass of the long run, beside the card drafting ahead: its ms and tokens
         "pass_ms": max(0.0, (v1 - v0) / passes) * 1e3 if p1 > p0 else 0.0,
         "pass_tokens": (t1 - t0) / passes,
@@ -181,6 +180,14 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
 
 AHEAD_STATS = ("ahead_steps", "ahead_step_us", "ahead_step_streams")
 """The card's counters of its drafting ahead (firmware/telemetry.py)."""
+
+
+def ahead_step(card: Any, before: dict[str, Any]) -> tuple[float, float] | None:
+    """(streams, microseconds) of the card's average step of drafting ahead since its stats
+    were ``before``, as the card timed them; None where it drafted nothing ahead."""
+    now = card.stats()
+    steps, us, streams = (now.get(key, 0) - before.get(key, 0) for key in AHEAD_STATS)
+    return (streams / steps, us / steps) if steps else None
 
 
 def ahead_line(card: dict[str, Any], steps: list[tuple[float, float]]) -> dict[str, float]:

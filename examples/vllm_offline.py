@@ -45,6 +45,8 @@ def run_vllm(args: argparse.Namespace, prompts: list[Any], speculative: bool) ->
         dtype=args.dtype,
         disable_log_stats=False,
         seed=0,
+        tensor_parallel_size=args.tensor_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
         **kwargs,
     )
     lengths = [int(n) for n in str(args.max_tokens).split(",")]
@@ -89,6 +91,14 @@ def main() -> None:
         default="float32",
         help="vLLM's dtype (default float32: vLLM would run an f32 checkpoint in bf16, whose "
         "greedy output changes with the batch's shape, drafts or no drafts)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="vLLM's tensor parallelism (ranks)"
+    )
+    p.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray"),
+        help="how vLLM runs its ranks (default: vLLM's choice, mp on one machine)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args()

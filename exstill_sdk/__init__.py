@@ -39,6 +39,7 @@ from exstill_sdk.errors import (
     UnknownModelError,
 )
 from exstill_sdk.interface import CardInterface
+from exstill_sdk.pool import CardPool, open_cards
 from exstill_sdk.protocol.constants import ErrorCode, WireMode
 from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.version import __version__
@@ -50,6 +51,7 @@ __all__ = [
     "CardInfo",
     "CardInterface",
     "CardInternalError",
+    "CardPool",
     "CheckpointError",
     "ChunkError",
     "ContextFullError",
@@ -84,4 +86,5 @@ __all__ = [
     "__version__",
     "list_devices",
     "open_card",
+    "open_cards",
 ]

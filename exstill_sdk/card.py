@@ -74,6 +74,9 @@ class Card(ImageStoreRequests):
         self._client = client
         self._streams: weakref.WeakSet[DraftStream] = weakref.WeakSet()
         self._held: list[tuple[bytes, int]] | None = None
+        self._lost: DeviceLostError | None = None
+        """Why the link is known dead (until ``reconnect``): every request then fails at once,
+        so that one lost card of a pool costs no waiting."""
         try:
             self._info = self._hello(client)
             self._authenticate()
@@ -127,8 +130,15 @@ class Card(ImageStoreRequests):
     def send(self, frame: bytes, rid: int) -> None:
         if self._held is not None:
             self._held.append((frame, rid))
-        else:
+            return
+        if self._lost is not None:
+            self._mux.forget(rid)
+            raise DeviceLostError(str(self._lost))
+        try:
             self._mux.send(frame, rid)
+        except DeviceLostError as exc:
+            self._lost = exc
+            raise
 
     @contextlib.contextmanager
     def sent_together(self) -> Iterator[None]:
@@ -142,12 +152,23 @@ class Card(ImageStoreRequests):
             yield
         finally:
             held, self._held = self._held, None
-            if held:
-                self._mux.send_many(held)
+            if held and self._lost is None:
+                try:
+                    self._mux.send_many(held)
+                except DeviceLostError as exc:
+                    self._lost = exc
+                    raise
 
     def receive(self, rid: int, opcode: int, deadline: float) -> bytes:
         """Request ``rid``'s checked reply frame (raises the card's error)."""
-        return self._check_reply(self._mux.receive(rid, deadline), opcode)
+        if self._lost is not None:
+            self._mux.forget(rid)
+            raise DeviceLostError(str(self._lost))
+        try:
+            return self._check_reply(self._mux.receive(rid, deadline), opcode)
+        except DeviceLostError as exc:
+            self._lost = exc
+            raise
 
     def _check_reply(self, reply: bytes, opcode: int) -> bytes:
         """The reply frame if it answers ``opcode``; the card's error, raised, otherwise."""
@@ -310,6 +331,7 @@ class Card(ImageStoreRequests):
         transport = open_transport(self.url, self.timeout)
         self._mux = ReplyMultiplexer(TracingTransport(transport) if tracing else transport)
         self._closed = False
+        self._lost = None
         self._info = self._hello(self._client)
         self._authenticate()
 

@@ -1,9 +1,10 @@
 """The public card interface: what the speculative-decoding layer, the adapters and the tools
 ask of a card.
 
-``Card`` (card.py, one card over one link) implements it; so can a pool of cards presented as
-one, or a test double. It is a ``typing.Protocol``: an implementation need not inherit from it,
-and mypy checks every place that passes a ``Card`` where a ``CardInterface`` is expected.
+``Card`` (card.py, one card over one link) implements it, and so does ``CardPool`` (pool.py,
+several cards presented as one). It is a ``typing.Protocol``: an implementation need not
+inherit from it, and mypy checks every place that passes a ``Card`` where a
+``CardInterface`` is expected.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Protocol
 
 from exstill_sdk.protocol import messages as m
 from exstill_sdk.protocol.constants import Features, WireMode
-from exstill_sdk.stream import DraftStream, RequestPath
+from exstill_sdk.stream import DraftStream
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,9 @@ class CardInfo:
     targets: tuple[m.TargetInfo, ...]
 
 
-class CardInterface(RequestPath, Protocol):
+class CardInterface(Protocol):
     """A card as its users see it: the handshake's facts, streams, and rounds of several
-    streams sent together."""
+    streams sent together. Each stream talks over its own card's link (its RequestPath)."""
 
     @property
     def url(self) -> str: ...

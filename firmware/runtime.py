@@ -372,7 +372,11 @@ class CardRuntime:
     def _ping(self, session: Session, handle: int, payload: bytes) -> bytes:
         return payload
 
+    def stats(self) -> dict[str, int]:
+        """The telemetry counters STATS reports (and exstill-emu's metrics endpoint)."""
+        return self.telemetry.snapshot(self.streams.open_count)
+
     def _stats(self, session: Session, handle: int, payload: bytes) -> bytes:
         if payload:
             raise ProtocolError("STATS takes no payload")
-        return m.encode_stats_reply(self.telemetry.snapshot(self.streams.open_count))
+        return m.encode_stats_reply(self.stats())

@@ -4,16 +4,18 @@ image) and a card runtime served on a loopback TCP port from a thread."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from exstill_firmware import CardRuntime
 from exstill_firmware.emulator import TcpCardServer
 
 from exstill_sdk.harness.synthetic import write_checkpoint
 from exstill_sdk.image.pack import pack_checkpoint
+from exstill_sdk.speculative import TargetAdapter
 
 
 def tiny_checkpoint(directory: Path, *, vocab: int = 64, seed: int = 0, std: float = 0.3) -> Path:
@@ -60,3 +62,31 @@ def served(runtime: CardRuntime, port: int = 0, poll_s: float = 0.0) -> Iterator
         server.stop()
         thread.join(5)
         runtime.shutdown()
+
+
+class CycleTarget(TargetAdapter):
+    """A deterministic target: each token is ``(previous * 7 + 3) % 64``, so a repeating prompt
+    continues in a pattern that prompt lookup drafts well."""
+
+    vocab_size = 64
+
+    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        seq = [*context, *draft]
+        rows = []
+        for i in range(len(context) - 1, len(seq)):
+            logits = np.zeros(self.vocab_size)
+            logits[(seq[i] * 7 + 3) % self.vocab_size] = 5.0
+            rows.append(logits)
+        return np.array(rows)
+
+    def rollback(self, seq_id: int, length: int) -> None:
+        pass
+
+
+def cycle_reference(prompt: list[int], n: int) -> list[int]:
+    """CycleTarget's own greedy continuation of ``prompt``."""
+    out, last = [], prompt[-1]
+    for _ in range(n):
+        last = (last * 7 + 3) % 64
+        out.append(last)
+    return out

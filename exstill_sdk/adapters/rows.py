@@ -19,9 +19,10 @@ step costs about one round trip to the card, not one per row (and the card draft
 whose draft ahead missed as one batch). Rows beyond the card's streams go without drafts; once
 the card has refused a stream, no row asks again until a stream has been closed here or
 ``RETRY_STEPS`` steps have passed (another host may free one), so a full card is not asked for
-a stream every step. A card error on a row drops that row's stream (the
-row goes on without drafts until it is re-opened); a lost link gives the step no drafts and
-reconnects. Output never depends on any of this: the target verifies every drafted token.
+a stream every step. A card error on a row drops that row's stream (the row goes on without
+drafts until it is re-opened); a lost link reconnects, and the rows whose streams it held go on
+without drafts that step (on a pool of cards, only the lost card's). Output never depends on
+any of this: the target verifies every drafted token.
 
 With ``planner`` (a ``BatchK``) each row drafts as many tokens as pay for themselves, up to
 the engine's K: the engine's step between two calls is the verification pass, timed here by the
@@ -47,6 +48,7 @@ import numpy as np
 
 from exstill_sdk.errors import CardFullError, DeviceLostError, ExstillError, InvalidArgumentError
 from exstill_sdk.interface import CardInterface
+from exstill_sdk.metrics.histogram import Histogram
 from exstill_sdk.protocol.constants import WireMode
 from exstill_sdk.protocol.drafts import Draft, Verdict
 from exstill_sdk.speculative.batch_k import BatchK
@@ -140,6 +142,8 @@ class RowStreams:
         """(streams closed, step) when the card last refused a stream."""
         self._steps = 0
         self._requests = itertools.count(1)
+        self.round_trips = Histogram()
+        """Seconds of each step's card half (its COMMITs and catch-ups, sent and answered)."""
         self._clock = PassClock(clock)
         """The engine's pass is the time between two calls; a call is the round."""
 
@@ -159,9 +163,7 @@ class RowStreams:
         except DeviceLostError as exc:
             log.warning("%s; reconnecting, this step goes without drafts", exc)
             self._rows = {}  # the card forgot every stream
-            self.stats.reconnects += 1
-            with contextlib.suppress(ExstillError):
-                self.card.reconnect()
+            self._reconnect()
             return [[] for _ in sampled]
 
     def _propose(
@@ -234,8 +236,12 @@ class RowStreams:
         t0 = self._clock.now()
         results = exchange(self.card, steps)
         card_s = self._clock.now() - t0
+        if steps:
+            self.round_trips.observe(card_s)
+        lost = False
         for (i, ctx, _, _), step, result in zip(plans, steps, results, strict=True):
             if isinstance(result, ExstillError):
+                lost |= isinstance(result, DeviceLostError)
                 self._drop(i, result)
                 continue
             if isinstance(step, Commit):
@@ -244,6 +250,8 @@ class RowStreams:
             else:
                 self.stats.prefills += 1
             out[i] = self._record(self._rows[i], ctx, result)
+        if lost:  # a card was lost: its other rows' streams too (a pool's other cards go on)
+            self._reconnect()
         drafted = sum(len(d) for d in out)
         self._clock.card(card_s, drafted if only_commits else None)
         self._clock.begin_pass(drafted + len(out))
@@ -332,6 +340,17 @@ class RowStreams:
             self.planner.forget(tracked.key(False))
             self.planner.forget(tracked.key(True))
         tracked.lookup = False
+
+    def _reconnect(self) -> None:
+        """Reconnect the card (a pool: the cards lost); rows whose stream went with it go on
+        without drafts until they open another."""
+        self.stats.reconnects += 1
+        with contextlib.suppress(ExstillError):
+            self.card.reconnect()
+        for row, tracked in list(self._rows.items()):
+            if tracked.stream.closed:
+                self._forget(tracked)
+                del self._rows[row]
 
     def _drop(self, row: int, exc: ExstillError) -> None:
         log.warning("row %d goes on without drafts: %s", row, exc)

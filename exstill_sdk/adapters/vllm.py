@@ -10,7 +10,8 @@ Use it as vLLM's custom proposer::
 
 The card is found by, in this order: ``additional_config={"exstill": {"url": ..., "draft": ...}}``
 in vLLM's config, then the environment variables ``EXSTILL_CARD_URL`` and ``EXSTILL_DRAFT``.
-``url`` defaults to the built-in emulator (``emu://``, prompt lookup); ``draft`` names a target
+``url`` defaults to the built-in emulator (``emu://``, prompt lookup); several URLs separated by
+commas are a pool of cards served as one (exstill_sdk.pool); ``draft`` names a target
 image on the card packed for the served model (``exstill-pack``), and defaults to the card's
 only target image if it has exactly one, else to its prompt-lookup engine.
 
@@ -32,7 +33,13 @@ much as a plain one (docs/benchmarks.md has the measured effect of the cap).
 vLLM verifies every drafted token with its own rejection sampler, so its output is what it would
 be without speculation. vLLM does not tell a proposer which request a row of its batch holds;
 ``RowStreams`` (exstill_sdk.adapters.rows) keeps one card stream per row by content.
-vLLM is not a dependency of exstill-sdk: this module imports nothing from it.
+Under tensor (and pipeline) parallelism vLLM builds the proposer in every rank of the last
+pipeline stage; only the output rank (tensor-parallel rank 0 there) talks to the card, the other
+ranks return empty drafts, which vLLM drops (it takes the output rank's drafts and schedules them
+for every rank). A card's streams are then one per request, whatever the parallelism.
+
+vLLM is not a dependency of exstill-sdk: this module imports nothing from it but, where vLLM is
+present, its parallel state (to know the output rank).
 """
 
 from __future__ import annotations
@@ -45,14 +52,16 @@ from typing import Any
 import numpy as np
 
 from exstill_sdk.adapters.rows import RowStreams
-from exstill_sdk.card import Card, open_card
 from exstill_sdk.errors import InvalidArgumentError, TokenizerMismatchError, UnknownModelError
+from exstill_sdk.interface import CardInterface
+from exstill_sdk.pool import open_cards
 
 URL_ENV = "EXSTILL_CARD_URL"
 DRAFT_ENV = "EXSTILL_DRAFT"
 K_ENV = "EXSTILL_K"
 LOOKUP_ENV = "EXSTILL_LOOKUP"
 MODEL_K_ENV = "EXSTILL_MODEL_K"
+METRICS_ENV = "EXSTILL_METRICS_LISTEN"
 DEFAULT_MODEL_K = 2
 DEFAULT_URL = "emu://"
 K_CHOICES = ("adaptive", "fixed")
@@ -104,7 +113,7 @@ def card_settings(vllm_config: Any) -> ProposerSettings:
     return ProposerSettings(url, draft, k == "adaptive", bool(lookup), model_k or None)
 
 
-def choose_draft(card: Card, draft: str | None, vocab_size: int) -> str | None:
+def choose_draft(card: CardInterface, draft: str | None, vocab_size: int) -> str | None:
     """The target image to draft with (None: the card's prompt-lookup engine), checked against
     the served model's vocabulary."""
     targets = {t.name: t for t in card.info().targets}
@@ -127,8 +136,24 @@ def choose_draft(card: Card, draft: str | None, vocab_size: int) -> str | None:
     return draft
 
 
+def is_output_rank() -> bool:
+    """Whether this process is the rank whose drafts vLLM uses: tensor-parallel rank 0 of the
+    last pipeline stage. vLLM builds the proposer in every tensor-parallel rank and calls
+    ``propose`` in each, but takes the drafts of that rank alone and schedules them for every
+    rank; outside vLLM's distributed setup (no groups), the one process is that rank."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return bool(get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank)
+    except (ImportError, AssertionError):
+        return True
+
+
 class ExstillProposer:
     """vLLM's ``custom_class`` proposer backed by a card (see the module's docstring)."""
+
+    _metrics_server: Any = None
+    """The process's EXSTILL_METRICS_LISTEN server, started once."""
 
     def __init__(self, vllm_config: Any) -> None:
         spec = vllm_config.speculative_config
@@ -136,13 +161,19 @@ class ExstillProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.settings = card_settings(vllm_config)
-        self.card: Card | None = None
+        self.card: CardInterface | None = None
         self.rows: RowStreams | None = None
+        self._collectors: list[Any] = []
+        self.output_rank: bool | None = None
+        """Whether this process's drafts are the ones vLLM uses (known at load_model)."""
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """vLLM calls this once the target is loaded: connect to the card."""
-        if self.card is None:
-            self.card = open_card(self.settings.url)
+        """vLLM calls this once the target is loaded: connect to the card, on the output rank
+        only (``is_output_rank``)."""
+        if self.output_rank is None:
+            self.output_rank = is_output_rank()
+        if self.card is None and self.output_rank:
+            self.card = open_cards(self.settings.url)
             draft = choose_draft(self.card, self.settings.draft, self.vocab_size)
             self.rows = RowStreams(
                 self.card,
@@ -152,6 +183,29 @@ class ExstillProposer:
                 lookup=self.settings.lookup and draft is not None,
                 model_k=self.settings.model_k,
             )
+            self._export_metrics()
+
+    def _export_metrics(self) -> None:
+        """The rows' counts (and a pool's placement) in prometheus_client's default registry,
+        which a process serving /metrics with it exports; with EXSTILL_METRICS_LISTEN=HOST:PORT
+        also served from this process (vLLM v1 runs the proposer in its engine's worker)."""
+        from prometheus_client import REGISTRY, start_http_server
+
+        from exstill_sdk.metrics.prometheus import PoolCollector, RowsCollector
+        from exstill_sdk.pool import CardPool
+
+        assert self.rows is not None
+        self._collectors = [RowsCollector(self.rows)]
+        if isinstance(self.card, CardPool):
+            self._collectors.append(PoolCollector(self.card))
+        for collector in self._collectors:
+            REGISTRY.register(collector)
+        listen = os.environ.get(METRICS_ENV)
+        if listen and ExstillProposer._metrics_server is None:
+            host, _, port = listen.rpartition(":")
+            if not host or not port.isdigit():
+                raise InvalidArgumentError(f"{METRICS_ENV} wants HOST:PORT, not {listen!r}")
+            ExstillProposer._metrics_server = start_http_server(int(port), host)
 
     def propose(
         self,
@@ -160,9 +214,14 @@ class ExstillProposer:
         token_ids_cpu: np.ndarray,
         slot_mappings: Any = None,
     ) -> list[list[int]]:
-        """One draft list per row of vLLM's batch (empty for rows still in prefill)."""
+        """One draft list per row of vLLM's batch (empty for rows still in prefill). On a rank
+        other than the output rank, every row's list is empty and the card is not asked: vLLM
+        drops those drafts, so the ranks cannot disagree and the card's streams are one per
+        request."""
         if self.rows is None:
             self.load_model()
+        if not self.output_rank:
+            return [[] for _ in sampled_token_ids]
         assert self.rows is not None
         return self.rows.propose(
             sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.k, self.max_model_len
@@ -171,6 +230,11 @@ class ExstillProposer:
     def close(self) -> None:
         """Close the streams and the link. vLLM never calls it: when its worker exits the link
         drops, and the card frees the streams of a dropped link."""
+        from prometheus_client import REGISTRY
+
+        for collector in self._collectors:
+            REGISTRY.unregister(collector)
+        self._collectors = []
         if self.rows is not None:
             self.rows.close()
         if self.card is not None:

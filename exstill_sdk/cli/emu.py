@@ -9,6 +9,8 @@ import json
 import logging
 import signal
 import sys
+import threading
+from typing import Any
 from urllib.parse import urlsplit
 
 from exstill_firmware.emulator import CardOptions
@@ -131,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
         "does (a woken process can take hundreds of us to run on a shared machine); spends "
         "the core it runs on, so give the emulator a core of its own (default 0: sleep)",
     )
+    p.add_argument(
+        "--cards",
+        type=int,
+        default=1,
+        help="serve this many cards, each on its own port (the next ones after --listen's, or "
+        "free ones for port 0); the first line is then their pool URL (default 1)",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve the cards' telemetry as Prometheus metrics over HTTP at /metrics (port 0 "
+        "takes a free one; the address is printed on stderr)",
+    )
     p.add_argument("--json", action="store_true", help="print the first line as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="log connections to stderr")
     return p
@@ -143,6 +158,23 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def serve_metrics(listen: str, runtimes: list[Any], servers: list[Any]) -> str:
+    """Each card's telemetry as Prometheus metrics (exstill_sdk.metrics.prometheus), labelled
+    by the card's URL, served over HTTP from a thread; returns HOST:PORT."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from exstill_sdk.metrics.prometheus import CardCollector
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--metrics-listen wants HOST:PORT, not {listen!r}")
+    registry = CollectorRegistry()
+    for runtime, server in zip(runtimes, servers, strict=True):
+        registry.register(CardCollector(runtime.stats, server.url))
+    http, _thread = start_http_server(int(port), host.strip("[]"), registry=registry)
+    return f"{host}:{http.server_port}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,38 +197,43 @@ def main(argv: list[str] | None = None) -> int:
                 "key anyone who can connect could use it: give --admin-key FILE (make one with "
                 "exstill-flash --new-key FILE), or --insecure to serve drafting to anyone"
             )
-        runtime = build_runtime(
-            CardOptions(
-                slots=args.streams,
-                context=args.context,
-                engines=tuple(args.engine or CARD.engines),
-                images=tuple(args.image),
-                max_k=args.max_k,
-                prefetch=not args.no_prefetch,
-                prefetch_outcomes=not args.no_outcomes,
-                threads=args.threads,
-                store=args.store,
-                store_max_bytes=None
-                if args.store_max_mb is None
-                else int(args.store_max_mb * 2**20),
-                trusted_keys=args.trusted_keys,
-                power_cut_after=args.power_cut_after,
-                admin_key=admin_key,
-            ),
-            background_prefetch=False,  # the server runs prefetch work between requests
+        if args.cards < 1:
+            raise UsageError(f"--cards must be at least 1, not {args.cards}")
+        if args.cards > 1 and (args.serial or args.store or args.power_cut_after):
+            raise UsageError(
+                "--cards serves TCP cards without an image store: for --serial, --store or "
+                "--power-cut-after run one exstill-emu per card"
+            )
+        options = CardOptions(
+            slots=args.streams,
+            context=args.context,
+            engines=tuple(args.engine or CARD.engines),
+            images=tuple(args.image),
+            max_k=args.max_k,
+            prefetch=not args.no_prefetch,
+            prefetch_outcomes=not args.no_outcomes,
+            threads=args.threads,
+            store=args.store,
+            store_max_bytes=None if args.store_max_mb is None else int(args.store_max_mb * 2**20),
+            trusted_keys=args.trusted_keys,
+            power_cut_after=args.power_cut_after,
+            admin_key=admin_key,
         )
-        server: TcpCardServer | PtyCardServer = (
+        # the server runs prefetch work between requests
+        runtimes = [build_runtime(options, background_prefetch=False) for _ in range(args.cards)]
+        servers: list[TcpCardServer | PtyCardServer] = [
             PtyCardServer(runtime)
             if args.serial
             else TcpCardServer(
                 runtime,
                 listen.hostname,
-                listen.port,
+                listen.port and listen.port + i,
                 args.max_connections,
                 remote_needs_key=not args.insecure,
                 poll_s=args.poll_ms / 1e3,
             )
-        )
+            for i, runtime in enumerate(runtimes)
+        ]
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             reason = {
@@ -212,38 +249,58 @@ def main(argv: list[str] | None = None) -> int:
         return fail("exstill-emu", exc, args.json)
     except ExstillError as exc:
         return fail("exstill-emu", exc, args.json)
+    url = ",".join(server.url for server in servers)
+    if args.metrics_listen:
+        try:
+            metrics_at = serve_metrics(args.metrics_listen, runtimes, servers)
+        except (OSError, UsageError) as exc:
+            for runtime in runtimes:
+                runtime.shutdown()
+            return fail("exstill-emu", exc, args.json)
+        print(f"exstill-emu: metrics at http://{metrics_at}/metrics", file=sys.stderr, flush=True)
     if args.json:
+        server = servers[0]
         where = (
             {"path": server.path}
             if isinstance(server, PtyCardServer)
             else {"host": server.host, "port": server.port}
         )
-        print(json.dumps({"url": server.url, **where}), flush=True)
+        cards = {"cards": [server.url for server in servers]} if len(servers) > 1 else {}
+        print(json.dumps({"url": url, **where, **cards}), flush=True)
     else:
-        print(server.url, flush=True)
+        print(url, flush=True)
 
     interrupted = []
 
     def _stop(signum: int, frame: object) -> None:
         if signum == signal.SIGINT:
             interrupted.append(signum)
-        server.stop()
+        for server in servers:
+            server.stop()
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers[1:]]
     try:
-        server.serve_forever()
+        for thread in threads:
+            thread.start()
+        servers[0].serve_forever()
     finally:
-        runtime.shutdown()
-    if getattr(server, "powered_off", False):
+        for server in servers[1:]:
+            server.stop()
+        for thread in threads:
+            thread.join(5)
+        for runtime in runtimes:
+            runtime.shutdown()
+    if getattr(servers[0], "powered_off", False):
         print("exstill-emu: power cut (fault injection)", file=sys.stderr)
         return EXIT_POWER_CUT
-    stats = runtime.telemetry.snapshot(0)
+    frames = rounds = 0
+    for runtime in runtimes:
+        stats = runtime.telemetry.snapshot(0)
+        frames, rounds = frames + stats["frames"], rounds + stats["rounds"]
     how = "interrupted; " if interrupted else ""
-    print(
-        f"exstill-emu: {how}stopped after {stats['frames']} frames, {stats['rounds']} rounds",
-        file=sys.stderr,
-    )
+    print(f"exstill-emu: {how}stopped after {frames} frames, {rounds} rounds", file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 

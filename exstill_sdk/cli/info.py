@@ -19,7 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
         "card's firmware, streams, targets and telemetry.",
     )
     p.add_argument("--list", action="store_true", help="list cards")
-    p.add_argument("--url", action="append", default=[], help="a card URL (repeatable with --list)")
+    p.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        help="a card URL, or a pool's URL,URL,... (repeatable with --list)",
+    )
     p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
     p.add_argument(
         "--key", metavar="FILE", help="the card's admin key (a card reached from another host)"
@@ -55,6 +60,62 @@ def snapshot(url: str, key: str | None = None) -> dict[str, Any]:
         "telemetry": stats,
         "prefetch": prefetch_report(stats),
     }
+
+
+def pool_snapshot(urls: list[str], key: str | None = None) -> dict[str, Any]:
+    """Each card of a pool, and what the pool makes of them: streams summed over the cards
+    that answer, and for each target the cards that lack it (its streams skip them)."""
+    from exstill_sdk.errors import ExstillError
+
+    cards: list[dict[str, Any]] = []
+    for url in urls:
+        try:
+            cards.append(snapshot(url, key))
+        except ExstillError as exc:
+            cards.append({"url": url, "error": exc.message})
+    up = [c for c in cards if "error" not in c]
+    names = sorted({t["name"] for c in up for t in c["targets"]})
+    return {
+        "url": ",".join(urls),
+        "cards": cards,
+        "pool": {
+            "cards_up": len(up),
+            "cards": len(cards),
+            "streams": {
+                "in_use": sum(c["streams"]["in_use"] for c in up),
+                "slots": sum(c["streams"]["slots"] for c in up),
+            },
+            "targets": {
+                name: {
+                    "on": [c["url"] for c in up if any(t["name"] == name for t in c["targets"])],
+                    "skipped": [
+                        c["url"] for c in up if all(t["name"] != name for t in c["targets"])
+                    ],
+                }
+                for name in names
+            },
+        },
+    }
+
+
+def _human_pool(s: dict[str, Any]) -> str:
+    pool = s["pool"]
+    lines = [
+        f"pool of {pool['cards']} cards, {pool['cards_up']} answering: "
+        f"{pool['streams']['in_use']} of {pool['streams']['slots']} streams in use"
+    ]
+    for name, where in pool["targets"].items():
+        skipped = where["skipped"]
+        lines.append(
+            f"  target {name}: on {len(where['on'])} card(s)"
+            + (f"; skipped on {', '.join(skipped)} (it lacks {name})" if skipped else "")
+        )
+    for card in s["cards"]:
+        if "error" in card:
+            lines.append(f"{card['url']}: not answering: {card['error']}")
+        else:
+            lines.append(_human(card))
+    return "\n".join(lines)
 
 
 def _human(s: dict[str, Any]) -> str:
@@ -100,16 +161,19 @@ def _main(args: argparse.Namespace) -> int:
                 print(f"{d.url:<40} {d.kind:<7} {d.description}")
         return EXIT_OK
     if len(args.url) != 1:
-        raise UsageError("give --list, or one --url")
+        raise UsageError("give --list, or one --url (a pool of cards: URL,URL,...)")
+    from exstill_sdk.pool import split_card_urls
+
+    urls = split_card_urls(args.url[0])
     count = 0
     while True:
-        s = snapshot(args.url[0], args.key)
+        s = snapshot(urls[0], args.key) if len(urls) == 1 else pool_snapshot(urls, args.key)
         if args.json:
             print(json.dumps(s), flush=True)
         else:
             if args.watch:
                 print("\033[2J\033[H", end="")
-            print(_human(s), flush=True)
+            print(_human(s) if len(urls) == 1 else _human_pool(s), flush=True)
         count += 1
         if not args.watch or (args.iterations and count >= args.iterations):
             return EXIT_OK

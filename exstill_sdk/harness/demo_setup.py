@@ -24,14 +24,21 @@ def demo_card(users: int, prompt_tokens: int = 96) -> Iterator[tuple[Any, list[l
     other; and ``user_prompts(users, prompt_tokens)``."""
     from exstill_sdk.card import open_card
 
-    prompts = user_prompts(users, prompt_tokens)
-    host_cpu, card_cpu = split_cores()
-    with (
-        pinned(host_cpu),
-        emulator_process(*emulator_args(), cpu=card_cpu) as url,
-        open_card(url) as card,
-    ):
+    with demo_cards(1, users, prompt_tokens) as (url, prompts), open_card(url) as card:
         yield card, prompts
+
+
+@contextmanager
+def demo_cards(
+    cards: int, users: int, prompt_tokens: int = 96
+) -> Iterator[tuple[str, list[list[int]]]]:
+    """``cards`` emulated demo cards served by one process on one core (``exstill-emu
+    --cards``), this process pinned to the other: their pool URL (one card's URL for one); and
+    ``user_prompts(users, prompt_tokens)``."""
+    host_cpu, card_cpu = split_cores()
+    args = (*emulator_args(), "--cards", str(cards))
+    with pinned(host_cpu), emulator_process(*args, cpu=card_cpu) as url:
+        yield url, user_prompts(users, prompt_tokens)
 
 
 def demo_onnx_target(image: Any, users: Sequence[int], prompts: list[list[int]]) -> Any:

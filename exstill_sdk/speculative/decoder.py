@@ -36,6 +36,7 @@ from exstill_sdk.errors import (
     UnknownModelError,
 )
 from exstill_sdk.interface import CardInterface
+from exstill_sdk.metrics.histogram import Histogram
 from exstill_sdk.protocol.constants import Features, WireMode
 from exstill_sdk.protocol.drafts import NO_DRAFT, Draft, Verdict
 from exstill_sdk.protocol.messages import TreeRequest
@@ -187,6 +188,11 @@ class SpeculativeDecoder:
         again only after this decoder has freed one."""
         self.reconnects = 0
         """Times the decoder re-established the card link and re-opened its streams."""
+        self.streams_opened = 0
+        self.streams_refused = 0
+        """Streams the card opened for this decoder, and refused (CARD_FULL)."""
+        self.round_trips = Histogram()
+        """Seconds of each round's card half (its COMMITs and catch-ups, sent and answered)."""
         self._next_index = 0
         self.tree_note = ""
         self._trees = self._tree_chooser(trees)
@@ -463,7 +469,13 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         results = exchange(self.card, steps) if steps else []
         card_s = time.perf_counter() - t0
+        if steps:
+            self.round_trips.observe(card_s)
+        lost: DeviceLostError | None = None
         for s, result in zip(owners, results, strict=True):
+            if isinstance(result, DeviceLostError):
+                lost = result  # the sequence's stream is gone with its card: _recover
+                continue
             if isinstance(result, ExstillError):
                 raise result
             s.draft, s.card = result, CardState.IN_STEP
@@ -473,6 +485,8 @@ class SpeculativeDecoder:
         catch_up = any(isinstance(step, CatchUp) for step in steps)
         trees = any(isinstance(k, TreeRequest) for k in shapes)
         self._clock.card(card_s, None if catch_up or trees else sum(ks))
+        if lost is not None:
+            raise lost
 
     def _card_step(
         self, s: _Sequence, verdict: Verdict, k: int | TreeRequest
@@ -534,8 +548,19 @@ class SpeculativeDecoder:
 
     def _open(self, s: _Sequence) -> DraftStream:
         """A card stream for the sequence, empty (it catches up with the context next)."""
+        try:
+            stream = self._open_stream(s)
+        except CardFullError:
+            self.streams_refused += 1
+            raise
+        self.streams_opened += 1
+        s.stream, s.card, s.sync_rid = stream, CardState.BEHIND, None
+        return stream
+
+    def _open_stream(self, s: _Sequence) -> DraftStream:
+        """The card's OPEN with the decoder's drafting settings and the sequence's seed."""
         sp = self.sampling
-        stream = self.card.open_stream(
+        return self.card.open_stream(
             None if self.draft_target is not None else self.engine,
             target=self.draft_target,
             temperature=sp.temperature,
@@ -546,17 +571,21 @@ class SpeculativeDecoder:
             long_context=self.long_context,
             max_k=self.max_k,
         )
-        s.stream, s.card, s.sync_rid = stream, CardState.BEHIND, None
-        return stream
 
     def _start(self, s: _Sequence, alone: bool = False) -> None:
         """The sequence's first draft. A sequence that starts at K = 0 takes no card stream
         until drafting pays; with ``alone``, one the card has no free stream for starts with
         the target alone (else CardFullError queues it)."""
-        t0 = s.started = s.started or time.perf_counter()
+        s.started = s.started or time.perf_counter()
         self._policy.start_sequence()
         if self._trees is not None:
             self._trees.start()
+        self._draft_anew(s, alone)
+
+    def _draft_anew(self, s: _Sequence, alone: bool) -> None:
+        """A new stream (if the K chosen drafts) that takes in the sequence's whole context,
+        and its first draft: a sequence's start, or its restart after its card was lost."""
+        t0 = time.perf_counter()
         k = self._policy.choose(self._limit(s))
         s.metrics.k_chosen[k] += 1
         s.stream, s.card, s.draft, s.asked = None, CardState.NONE, NO_DRAFT, None
@@ -666,15 +695,17 @@ class SpeculativeDecoder:
             s.stream.receive_prefill(rid)
 
     def _recover(self, active: list[_Sequence]) -> None:
-        """The card reset or the link dropped: reconnect, then give every running sequence a
-        new stream holding its whole context and a fresh draft. The target decides every
-        token, so the output is the same as without the interruption."""
+        """A card reset or a link dropped: reconnect (a pool reconnects or sets aside the
+        cards lost), then give every sequence whose stream was lost a new stream holding its
+        whole context and a fresh draft (the target alone where no stream is free). The target
+        decides every token, so the output is the same as without the interruption."""
         for attempt in range(RECONNECT_ATTEMPTS):
             try:
                 self.card.reconnect()
                 for s in active:
-                    s.stream = None
-                    self._start(s)
+                    if s.stream is not None and s.stream.closed:
+                        s.sync_rid = None
+                        self._draft_anew(s, alone=True)
                 self.reconnects += 1
                 return
             except DeviceLostError:

@@ -96,9 +96,10 @@ class CatchUp(NamedTuple):
 
 
 def exchange(card: CardInterface, steps: Sequence[Commit | CatchUp]) -> list[Draft | ExstillError]:
-    """The card's half of a round: every catch-up first, then every COMMIT in one write, then
-    their replies. Each step's result is its next draft, or the card's refusal of that step
-    (the others go on); a lost card raises DeviceLostError."""
+    """The card's half of a round: every catch-up first, then every COMMIT in one write (one
+    to each card of a pool), then their replies. Each step's result is its next draft or the
+    error of that step: the card's refusal, or DeviceLostError where the step's card was lost
+    (a lost card fails its other steps at once; the steps on other cards of a pool go on)."""
     out: dict[int, Draft | ExstillError] = {}
     commits: list[tuple[int, Commit]] = []
     for i, step in enumerate(steps):
@@ -110,33 +111,28 @@ def exchange(card: CardInterface, steps: Sequence[Commit | CatchUp]) -> list[Dra
                 step.stream.prefill(list(step.tokens))
             nxt = step.next_k
             out[i] = step.stream.draft(nxt) if isinstance(nxt, int) else step.stream.draft_tree(nxt)
-        except DeviceLostError:
-            raise
         except ExstillError as exc:
             out[i] = exc
     if len(commits) == 1:  # nothing to send together with
         i, (stream, verdict, k) = commits[0]
         try:
             out[i] = stream.commit(verdict, k)
-        except DeviceLostError:
-            raise
         except ExstillError as exc:
             out[i] = exc
     elif commits:
         sent: list[tuple[int, Commit, int]] = []
-        with card.sent_together():
-            for i, step in commits:
-                try:
-                    sent.append((i, step, step.stream.send_commit(step.verdict, step.next_k)))
-                except DeviceLostError:
-                    raise
-                except ExstillError as exc:
-                    out[i] = exc
+        try:
+            with card.sent_together():
+                for i, step in commits:
+                    try:
+                        sent.append((i, step, step.stream.send_commit(step.verdict, step.next_k)))
+                    except ExstillError as exc:
+                        out[i] = exc
+        except DeviceLostError:
+            pass  # the lost card's steps learn it from their replies, at once
         for i, step, rid in sent:
             try:
                 out[i] = step.stream.receive_commit(rid, step.verdict)
-            except DeviceLostError:
-                raise
             except ExstillError as exc:
                 out[i] = exc
     return [out[i] for i in range(len(steps))]

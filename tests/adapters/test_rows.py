@@ -195,7 +195,13 @@ def test_proposer_drafts_with_the_cards_image_and_checks_the_vocabulary() -> Non
     ctx = np.array([reference(0)[:20]])
     drafts = proposer.propose([[ctx[0, -1]]], np.array([20]), ctx)
     assert len(drafts) == 1 and len(drafts[0]) == 2  # a model draft: model_k caps it
+    from prometheus_client import REGISTRY
+
+    on = {"card": url}
+    assert REGISTRY.get_sample_value("exstill_rows_prefills_total", on) == 1
+    assert REGISTRY.get_sample_value("exstill_streams_opened_total", on) == 1
     proposer.close()
+    assert REGISTRY.get_sample_value("exstill_rows_prefills_total", on) is None
     with open_card(url) as card:
         with pytest.raises(UnknownModelError, match="no target 'nope'"):
             choose_draft(card, "nope", 4096)

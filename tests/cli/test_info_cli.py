@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 
 from exstill_firmware import CardRuntime
 from exstill_firmware.emulator.usb_backend import EmulatedUsbBackend
 
-from exstill_sdk import list_devices, open_card
+from exstill_sdk import list_devices, open_card, open_cards
 
+from ..helpers import tiny_image
 from .helpers import script, start_emu
 
 
@@ -91,3 +93,47 @@ def test_emu_serves_a_pty() -> None:
         proc.terminate()
         proc.wait(10)
     assert proc.returncode == 0
+
+
+def test_info_on_a_pool_says_which_cards_a_target_skips(tmp_path) -> None:
+    """exstill-emu --cards serves a pool; exstill-info on a pool's URL shows every card, the
+    streams summed, and the cards without a target (its streams skip them)."""
+    tiny_image(tmp_path / "t.img")
+    pair, pair_url = start_emu("--cards", "2", "--streams", "3", "--context", "256")
+    holder, holder_url = start_emu("--image", str(tmp_path / "t.img"), "--context", "256")
+    try:
+        url = f"{pair_url},{holder_url},tcp://127.0.0.1:9"
+        first, second = pair_url.split(",")
+        with open_cards(url) as pool:
+            streams = [pool.open_stream("lookup") for _ in range(2)]
+            out = subprocess.run(
+                [script("exstill-info"), "--url", url, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            s = json.loads(out.stdout)
+            assert [c["url"] for c in s["cards"]] == [
+                first,
+                second,
+                holder_url,
+                "tcp://127.0.0.1:9",
+            ]
+            assert "nothing listens" in s["cards"][3]["error"]
+            assert s["pool"]["cards_up"] == 3
+            assert s["pool"]["streams"] == {"in_use": 2, "slots": 3 + 3 + 12}
+            assert s["pool"]["targets"]["tiny"] == {"on": [holder_url], "skipped": [first, second]}
+            human = subprocess.run(
+                [script("exstill-info"), "--url", url], capture_output=True, text=True, timeout=30
+            ).stdout
+            assert (
+                f"target tiny: on 1 card(s); skipped on {first}, {second} (it lacks tiny)" in human
+            )
+            assert "2 of 18 streams in use" in human
+            for st in streams:
+                st.close()
+    finally:
+        for proc in (pair, holder):
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=10)
+            assert proc.returncode == 130 and "stopped after" in err

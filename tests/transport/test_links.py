@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
-import numpy as np
 import pytest
 from exstill_firmware import CardRuntime
 from exstill_firmware.emulator import PtyCardServer, TcpCardServer
@@ -21,8 +20,10 @@ from exstill_sdk import (
     open_card,
 )
 from exstill_sdk.protocol.drafts import Verdict
-from exstill_sdk.speculative import SpeculativeDecoder, TargetAdapter
+from exstill_sdk.speculative import SpeculativeDecoder
 from exstill_sdk.transport.usb import register_usb_backend, unregister_usb_backend
+
+from ..helpers import CycleTarget, cycle_reference
 
 LINKS = ["emu", "tcp", "serial", "usb"]
 _names = itertools.count()
@@ -102,38 +103,12 @@ def test_end_to_end(card: Card) -> None:
         assert stats["streams_open"] == 0 and stats["rounds"] >= 20
 
 
-class Cycle(TargetAdapter):
-    """A deterministic target that continues a repeating pattern (so lookup drafts well)."""
-
-    vocab_size = 64
-
-    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> np.ndarray:
-        seq = [*context, *draft]
-        rows = []
-        for i in range(len(context) - 1, len(seq)):
-            logits = np.zeros(self.vocab_size)
-            logits[(seq[i] * 7 + 3) % self.vocab_size] = 5.0
-            rows.append(logits)
-        return np.array(rows)
-
-    def rollback(self, seq_id: int, length: int) -> None:
-        pass
-
-
-def _reference(prompt: list[int], n: int) -> list[int]:
-    out, last = [], prompt[-1]
-    for _ in range(n):
-        last = (last * 7 + 3) % 64
-        out.append(last)
-    return out
-
-
 @pytest.mark.parametrize("kind", ["usb", "serial", "tcp"])
 def test_decoder_survives_a_card_reset(kind: str) -> None:
     card = Card(kind)
     try:
         with open_card(card.url) as c:
-            decoder = SpeculativeDecoder(c, Cycle(), engine="lookup", k=4)
+            decoder = SpeculativeDecoder(c, CycleTarget(), engine="lookup", k=4)
             prompt = [5, 6, 7, 5, 6, 7]
             got = []
             for token in decoder.stream(prompt, 120, stop_token_ids=[]):
@@ -147,7 +122,7 @@ def test_decoder_survives_a_card_reset(kind: str) -> None:
                         card.server.stop()
                         card.thread.join(5)
                         card.serve("tcp", port=card.server.port)
-            assert got == _reference(prompt, 120)
+            assert got == cycle_reference(prompt, 120)
             assert decoder.reconnects == 1
     finally:
         card.close()

@@ -1,7 +1,8 @@
 """exstill-bench's decoding benchmarks: plain against speculative decoding (spec), the demo
 pair end to end, by target size and by users (e2e), token trees against chains (trees),
-one user's shape chosen per round against chains only (shapes), and prefetch for several
-verification outcomes against full acceptance only (prefetch)."""
+one user's shape chosen per round against chains only (shapes), a pool of cards against one
+(pool), and prefetch for several verification outcomes against full acceptance only
+(prefetch)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,17 @@ def register(sub: Subcommands) -> None:
     )
     shapes.add_argument("--json", action="store_true", help="print one JSON object")
     shapes.set_defaults(handler=_shapes)
+    pool = sub.add_parser(
+        "pool",
+        help="users on a pool of emulated demo cards against one card: decode tokens/s, exact "
+        "output checked",
+    )
+    pool.add_argument("--users", type=int, default=24, help="users at once (default 24)")
+    pool.add_argument("--cards", type=int, default=2, help="cards in the pool (default 2)")
+    pool.add_argument("--new-tokens", type=int, default=96, help="tokens a user (default 96)")
+    pool.add_argument("--repeats", type=int, default=3, help="alternating repeats (default 3)")
+    pool.add_argument("--json", action="store_true", help="print one JSON object")
+    pool.set_defaults(handler=_pool)
     ahead = sub.add_parser(
         "prefetch",
         help="the card drafting ahead for several verification outcomes against full "
@@ -225,6 +237,24 @@ def _prefetch(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.json:
         return result
     print(prefetch.table(result))
+    return None
+
+
+def _pool(args: argparse.Namespace) -> dict[str, Any] | None:
+    from exstill_sdk.bench.decode import pool
+
+    if min(args.users, args.new_tokens, args.repeats) < 1 or args.cards < 2:
+        raise UsageError("--users, --new-tokens and --repeats want 1 or more, --cards 2 or more")
+    result = pool.run(
+        users=args.users,
+        cards=args.cards,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        progress=not args.json,
+    )
+    if args.json:
+        return result
+    print(pool.table(result))
     return None
 
 

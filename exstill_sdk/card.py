@@ -8,7 +8,9 @@ requests are image_store.py's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import struct
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -67,13 +69,20 @@ class Card(ImageStoreRequests):
     ) -> None:
         """``key``: the card's admin key (exstill_sdk.auth.load_admin_key); the session proves
         it right after the handshake, so that image-store requests over a network link pass."""
-        self._mux = ReplyMultiplexer(transport)
+        self._rids = itertools.count(1)
+        """Request ids, continued across reconnects: a reply awaited on the link before cannot
+        be taken for a request on the new one."""
+        self._mux = ReplyMultiplexer(transport, self._rids)
         self._key = key
         self.timeout = timeout
         self._closed = False
         self._client = client
         self._streams: weakref.WeakSet[DraftStream] = weakref.WeakSet()
         self._held: list[tuple[bytes, int]] | None = None
+        self._held_by = 0
+        """The thread whose sent_together block holds its requests back (other threads' go
+        out at once)."""
+        self._together = threading.Lock()
         self._lost: DeviceLostError | None = None
         """Why the link is known dead (until ``reconnect``): every request then fails at once,
         so that one lost card of a pool costs no waiting."""
@@ -120,7 +129,7 @@ class Card(ImageStoreRequests):
 
     def exchange(self, frame: bytes, rid: int, opcode: int, timeout: float | None) -> bytes:
         """Send a request frame and return its checked reply frame (raises the card's error)."""
-        if self._held is not None:
+        if self._held is not None and self._held_by == threading.get_ident():
             self._mux.forget(rid)
             raise InvalidArgumentError("a request that waits for its reply cannot be held back")
         deadline = time.monotonic() + (timeout or self.timeout)
@@ -128,46 +137,55 @@ class Card(ImageStoreRequests):
         return self.receive(rid, opcode, deadline)
 
     def send(self, frame: bytes, rid: int) -> None:
-        if self._held is not None:
+        if self._held is not None and self._held_by == threading.get_ident():
             self._held.append((frame, rid))
             return
+        mux = self._mux
         if self._lost is not None:
-            self._mux.forget(rid)
+            mux.forget(rid)
             raise DeviceLostError(str(self._lost))
         try:
-            self._mux.send(frame, rid)
+            mux.send(frame, rid)
         except DeviceLostError as exc:
-            self._lost = exc
+            self._lose(mux, exc)
             raise
+
+    def _lose(self, mux: ReplyMultiplexer, exc: DeviceLostError) -> None:
+        """The link ``mux`` serves is lost, unless another thread has reopened it since."""
+        if mux is self._mux:
+            self._lost = exc
 
     @contextlib.contextmanager
     def sent_together(self) -> Iterator[None]:
         """Requests sent inside (without waiting for their replies: ``send_commit``) go out
         in one write when the block ends, so that the card reads them together: the rounds of
         a batch are then drafted as one batch. Waiting for a reply inside is an error."""
-        if self._held is not None:
+        if self._held is not None and self._held_by == threading.get_ident():
             raise InvalidArgumentError("sent_together blocks do not nest")
-        self._held = []
-        try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            if held and self._lost is None:
-                try:
-                    self._mux.send_many(held)
-                except DeviceLostError as exc:
-                    self._lost = exc
-                    raise
+        with self._together:  # one thread's block at a time; other threads send at once
+            self._held, self._held_by = [], threading.get_ident()
+            try:
+                yield
+            finally:
+                held, self._held = self._held, None
+                mux = self._mux
+                if held and self._lost is None:
+                    try:
+                        mux.send_many(held)
+                    except DeviceLostError as exc:
+                        self._lose(mux, exc)
+                        raise
 
     def receive(self, rid: int, opcode: int, deadline: float) -> bytes:
         """Request ``rid``'s checked reply frame (raises the card's error)."""
+        mux = self._mux
         if self._lost is not None:
-            self._mux.forget(rid)
+            mux.forget(rid)
             raise DeviceLostError(str(self._lost))
         try:
-            return self._check_reply(self._mux.receive(rid, deadline), opcode)
+            return self._check_reply(mux.receive(rid, deadline), opcode)
         except DeviceLostError as exc:
-            self._lost = exc
+            self._lose(mux, exc)
             raise
 
     def _check_reply(self, reply: bytes, opcode: int) -> bytes:
@@ -323,13 +341,15 @@ class Card(ImageStoreRequests):
         if not self.url:
             raise TransportError("this Card was made from a transport, not a URL: reopen it")
         for stream in list(self._streams):
-            stream.closed = True
+            stream.mark_lost()
         self._streams.clear()
         with contextlib.suppress(ExstillError, OSError):
             self.transport.close()
         tracing = isinstance(self.transport, TracingTransport)
         transport = open_transport(self.url, self.timeout)
-        self._mux = ReplyMultiplexer(TracingTransport(transport) if tracing else transport)
+        self._mux = ReplyMultiplexer(
+            TracingTransport(transport) if tracing else transport, self._rids
+        )
         self._closed = False
         self._lost = None
         self._info = self._hello(self._client)

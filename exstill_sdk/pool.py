@@ -22,11 +22,13 @@ import contextlib
 import itertools
 import logging
 import re
+import threading
 import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from exstill_sdk.card import DEFAULT_TIMEOUT, Card, open_card
 from exstill_sdk.errors import (
@@ -115,6 +117,9 @@ class CardPool:
         self._turn = itertools.count()
         self._info: CardInfo | None = None
         self._closed = False
+        self._lock = threading.RLock()
+        """Held while membership changes or a stream is placed: the decoders of several threads
+        may share a pool, and several of them see a card go at once."""
         errors = []
         for member in self.members:
             try:
@@ -177,7 +182,7 @@ class CardPool:
         if member.card is not None:
             member.lost += 1
             for stream in list(member.streams):
-                stream.closed = True
+                stream.mark_lost()
             with contextlib.suppress(ExstillError, OSError):
                 member.card.close()
             log.warning("card %s left the pool: %s", member.url, exc)
@@ -190,12 +195,13 @@ class CardPool:
         """Try the cards set aside (each at most every ``rejoin_s`` seconds, unless
         ``force``); returns how many joined again."""
         joined = 0
-        now = time.monotonic()
-        for member in self.members:
-            if member.card is None and (force or now - member.tried >= self.rejoin_s):
-                with contextlib.suppress(ExstillError):
-                    self._connect(member)
-                    joined += 1
+        with self._lock:
+            now = time.monotonic()
+            for member in self.members:
+                if member.card is None and (force or now - member.tried >= self.rejoin_s):
+                    with contextlib.suppress(ExstillError):
+                        self._connect(member)
+                        joined += 1
         return joined
 
     def reconnect(self) -> None:
@@ -203,23 +209,24 @@ class CardPool:
         is not is reconnected (a card that restarted forgets its streams) or set aside, and
         either way its streams are closed. Cards set aside are tried again. Raises
         DeviceLostError when no card is up."""
-        self._closed = False
-        for member, card in self._cards():
-            try:
-                card.request(Opcode.PING, timeout=min(self.timeout, PROBE_TIMEOUT))
-                continue
-            except (DeviceLostError, LinkTimeoutError):
-                pass
-            try:
-                member.lost += 1
-                member.tried = time.monotonic()
-                card.reconnect()  # closes its streams
-                member.streams = weakref.WeakSet()
-                self._info = None
-            except ExstillError as exc:
-                member.lost -= 1  # counted once, by _set_aside
-                self._set_aside(member, exc)
-        self.rejoin()
+        with self._lock:
+            self._closed = False
+            for member, card in self._cards():
+                try:
+                    card.request(Opcode.PING, timeout=min(self.timeout, PROBE_TIMEOUT))
+                    continue
+                except (DeviceLostError, LinkTimeoutError):
+                    pass
+                try:
+                    member.lost += 1
+                    member.tried = time.monotonic()
+                    card.reconnect()  # closes its streams
+                    member.streams = weakref.WeakSet()
+                    self._info = None
+                except ExstillError as exc:
+                    member.lost -= 1  # counted once, by _set_aside
+                    self._set_aside(member, exc)
+            self.rejoin()
         if not self.up:
             why = "; ".join(f"{member.url}: {member.why}" for member in self.members)
             raise DeviceLostError(f"no card of the pool answers: {why}")
@@ -287,6 +294,21 @@ class CardPool:
     ) -> DraftStream:
         """A stream on the least-loaded card that holds the target (or engine); see
         ``Card.open_stream`` for the parameters."""
+        with self._lock:
+            return self._open_stream(
+                engine,
+                target,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                max_k=max_k,
+                wire_mode=wire_mode,
+                long_context=long_context,
+                lookup=lookup,
+            )
+
+    def _open_stream(self, engine: str | None, target: str | None, **options: Any) -> DraftStream:
         if self._closed:
             raise ExstillError("this CardPool is closed; open_cards() again")
         self.rejoin()
@@ -313,18 +335,7 @@ class CardPool:
             member = holders[i]
             assert member.card is not None
             try:
-                stream = member.card.open_stream(
-                    engine,
-                    target=target,
-                    temperature=temperature,
-                    top_k=top_k,
-                    top_p=top_p,
-                    seed=seed,
-                    max_k=max_k,
-                    wire_mode=wire_mode,
-                    long_context=long_context,
-                    lookup=lookup,
-                )
+                stream = member.card.open_stream(engine, target=target, **options)
             except CardFullError as exc:
                 full = exc
                 continue

@@ -11,18 +11,21 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from zlib import crc32
 
-from exstill_sdk.errors import LinkTimeoutError
+from exstill_sdk.errors import DeviceLostError, LinkTimeoutError
 from exstill_sdk.protocol.constants import CRC_SIZE, FRAME_OVERHEAD, PROTOCOL_VERSION
 from exstill_sdk.protocol.frame import CRC, HEADER
 from exstill_sdk.transport import Transport
 
 
 class ReplyMultiplexer:
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, rids: Iterator[int] | None = None) -> None:
+        """``rids``: where request ids come from (a reconnected card's new link continues the
+        old link's, so that no id is awaited on both)."""
         self.transport = transport
-        self._rids = itertools.count(1)
+        self._rids = rids or itertools.count(1)
         self._send_lock = threading.Lock()
         self._reader = threading.Lock()
         self._cond = threading.Condition(threading.Lock())
@@ -63,7 +66,13 @@ class ReplyMultiplexer:
             raise
 
     def receive(self, rid: int, deadline: float) -> bytes:
-        """Request ``rid``'s reply frame (whole and checked, not yet interpreted)."""
+        """Request ``rid``'s reply frame (whole and checked, not yet interpreted). A request
+        this link never sent (it went out on a link reopened since) is lost at once."""
+        if rid not in self._pending and rid not in self._done:
+            raise DeviceLostError(
+                f"{self.transport.url or 'the card'}: the link was reopened while request "
+                f"{rid} waited; its reply is gone"
+            )
         try:
             return self._await(rid, deadline)
         finally:

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Protocol
 
 from exstill_sdk.errors import (
+    DeviceLostError,
     ExstillError,
     InvalidArgumentError,
     LinkTimeoutError,
@@ -76,9 +77,18 @@ class DraftStream:
         self._tree_commits: set[int] = set()
         """Request ids of COMMIT_TREE frames sent, whose replies are trees."""
         self.closed = False
+        self.lost = False
+        """Closed because its card was lost (reset, unplugged, set aside by a pool)."""
+
+    def mark_lost(self) -> None:
+        """The card lost this stream (it reset or went away): closed, and its requests raise
+        DeviceLostError, so that whoever holds it recovers as from a lost card."""
+        self.closed = self.lost = True
 
     def _guard(self) -> None:
         if self.closed:
+            if self.lost:
+                raise DeviceLostError("this stream's card was lost; open a new stream")
             raise ExstillError("this stream is closed; open a new one")
         if self._resync:
             self._do_rollback(self.length)

@@ -279,3 +279,42 @@ def test_prefill_without_waiting_then_draft_over_tcp(tcp_server: TcpCardServer) 
         assert s.draft(3).tokens == (4, 5, 6)  # the card drafts after every token sent
         with pytest.raises(InvalidArgumentError, match="one frame"):
             s.send_prefill([1] * (card.info().max_payload // 4 + 1))
+
+
+def test_one_threads_held_rounds_do_not_hold_another_threads_requests(
+    tcp_server: TcpCardServer,
+) -> None:
+    with open_card(tcp_server.url) as card:
+        s = card.open_stream()
+        s.prefill([1, 2, 3, 1, 2])
+        draft = s.draft(2)
+        assert draft.tokens == (3, 1)
+        verdict = Verdict(2, 2)  # both accepted, then 2: the text goes on repeating
+        answers: list[float] = []
+        with card.sent_together():
+            rid = s.send_commit(verdict, 2)  # held back until the block ends
+            other = threading.Thread(target=lambda: answers.append(card.ping(b"x")))
+            other.start()
+            other.join(10)
+            assert answers, "the other thread's request waited for this thread's block"
+        assert s.receive_commit(rid, verdict).tokens == (3, 1)  # the held round went out after
+
+
+def test_a_reopened_link_loses_what_the_old_one_awaited(tcp_server: TcpCardServer) -> None:
+    from exstill_sdk import DeviceLostError
+    from exstill_sdk.protocol.constants import Opcode
+    from exstill_sdk.protocol.frame import pack_frame
+
+    with open_card(tcp_server.url) as card:
+        s = card.open_stream()
+        s.prefill([1, 2, 3, 1, 2])
+        rid = card.next_rid()
+        card.send(pack_frame(Opcode.PING, rid, 0, b""), rid)
+        card.reconnect()
+        # at once, not after a timeout: the reply went to the old link
+        with pytest.raises(DeviceLostError, match="reopened"):
+            card.receive(rid, Opcode.PING, time.monotonic() + 60)
+        # a stream of the old session is lost (whoever holds it recovers as from a lost card)
+        with pytest.raises(DeviceLostError, match="card was lost"):
+            s.draft(1)
+        assert card.next_rid() != rid  # ids go on: no reply can be taken for another's

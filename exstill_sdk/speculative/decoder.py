@@ -341,10 +341,10 @@ class SpeculativeDecoder:
                 while pending:
                     try:
                         batch = bool(active) or len(pending) > 1
-                        self._start(pending[0], batch and len(active) < self.target.max_batch)
+                        # with nothing running to wait for, a full card means the target alone
+                        alone = not active or (batch and len(active) < self.target.max_batch)
+                        self._start(pending[0], alone)
                     except CardFullError:
-                        if not active:
-                            raise
                         break  # wait for a running sequence to free its stream
                     except DeviceLostError:
                         self._recover(active)

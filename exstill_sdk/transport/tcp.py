@@ -66,13 +66,14 @@ class TcpTransport(ByteStreamTransport):
         if remaining <= 0:
             raise LinkTimeoutError(f"no reply from {self.url or 'card'} before the deadline")
         sock = self._sock
-        # Re-arm the kernel timeout only when the bound has moved by more than 10 ms.
-        if abs(self._timeout - remaining) > 0.01:
-            seconds = int(remaining)
-            micros = max(1, int((remaining - seconds) * 1e6)) if seconds == 0 else 0
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.pack(seconds, micros))
-            self._timeout = remaining
         try:
+            # Re-arm the kernel timeout only when the bound has moved by more than 10 ms.
+            if abs(self._timeout - remaining) > 0.01:
+                seconds = int(remaining)
+                micros = max(1, int((remaining - seconds) * 1e6)) if seconds == 0 else 0
+                timeval = _TIMEVAL.pack(seconds, micros)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+                self._timeout = remaining
             n = sock.recv_into(view)
         except (BlockingIOError, TimeoutError):
             raise LinkTimeoutError(

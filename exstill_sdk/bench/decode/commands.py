@@ -1,8 +1,8 @@
 """exstill-bench's decoding benchmarks: plain against speculative decoding (spec), the demo
-pair end to end, by target size and by users (e2e), token trees against chains (trees),
-one user's shape chosen per round against chains only (shapes), a pool of cards against one
-(pool), and prefetch for several verification outcomes against full acceptance only
-(prefetch)."""
+pair end to end, by target size and by users (e2e), token trees against chains (trees), one
+user's shape chosen per round against chains only (shapes), a pool of cards against one (pool),
+a soak of users on a pool whose cards restart (soak), and prefetch for several verification
+outcomes against full acceptance only (prefetch)."""
 
 from __future__ import annotations
 
@@ -128,6 +128,27 @@ def register(sub: Subcommands) -> None:
     pool.add_argument("--repeats", type=int, default=3, help="alternating repeats (default 3)")
     pool.add_argument("--json", action="store_true", help="print one JSON object")
     pool.set_defaults(handler=_pool)
+    soak = sub.add_parser(
+        "soak",
+        help="users coming and going on a pool of emulated cards for minutes, a card killed and "
+        "restarted now and then: wrong tokens, failed requests, RSS, files and streams",
+    )
+    soak.add_argument("--minutes", type=float, default=30.0, help="how long (default 30)")
+    soak.add_argument("--users", type=int, default=24, help="users at once (default 24)")
+    soak.add_argument("--cards", type=int, default=2, help="emulated cards (default 2)")
+    soak.add_argument("--streams", type=int, default=12, help="streams a card (default 12)")
+    soak.add_argument(
+        "--restart-every",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="kill a card and start it again about this often (default 300)",
+    )
+    soak.add_argument(
+        "--max-new-tokens", type=int, default=200, help="longest answer (default 200)"
+    )
+    soak.add_argument("--json", action="store_true", help="print one JSON object")
+    soak.set_defaults(handler=_soak)
     ahead = sub.add_parser(
         "prefetch",
         help="the card drafting ahead for several verification outcomes against full "
@@ -255,6 +276,28 @@ def _pool(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.json:
         return result
     print(pool.table(result))
+    return None
+
+
+def _soak(args: argparse.Namespace) -> dict[str, Any] | None:
+    from exstill_sdk.bench.decode import soak
+
+    if min(args.users, args.cards, args.streams) < 1 or args.max_new_tokens < 8:
+        raise UsageError("--users, --cards and --streams want 1 or more, --max-new-tokens 8+")
+    if args.minutes <= 0 or args.restart_every <= 0:
+        raise UsageError("--minutes and --restart-every want a time above 0")
+    result = soak.run(
+        minutes=args.minutes,
+        users=args.users,
+        cards=args.cards,
+        streams=args.streams,
+        restart_every=args.restart_every,
+        max_new_tokens=args.max_new_tokens,
+        progress=not args.json,
+    )
+    if args.json:
+        return result
+    print(soak.table(result))
     return None
 
 

@@ -1,6 +1,7 @@
 """exstill-pack: make, inspect, verify and sign card images.
 
-exstill-pack CHECKPOINT_DIR -o IMAGE --target NAME [--dtype f32|f16|int8] [--sign-key KEY]
+exstill-pack CHECKPOINT_DIR|MODEL.gguf -o IMAGE --target NAME [--dtype f32|f16|int8]
+             [--sign-key KEY]
 exstill-pack inspect IMAGE [--json]
 exstill-pack verify IMAGE [--trusted-keys DIR|FILE] [--json]
 exstill-pack sign IMAGE --key KEY [-o SIGNED_IMAGE] [--json]
@@ -26,11 +27,13 @@ SUBCOMMANDS = ("inspect", "verify", "sign", "keygen")
 def _pack_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="exstill-pack",
-        description="Pack an HF checkpoint (Llama, Mistral, Qwen2, Qwen3; safetensors) into a "
-        "card image. Other commands: exstill-pack {inspect,verify,sign,keygen} --help",
+        description="Pack an HF checkpoint (Llama, Mistral, Qwen2, Qwen3; safetensors) or a GGUF "
+        "file (llama, qwen2, qwen3; any quantisation, dequantised) into a card image. Other "
+        "commands: exstill-pack {inspect,verify,sign,keygen} --help",
     )
     p.add_argument(
-        "checkpoint", help="HF checkpoint directory (config.json, safetensors, tokenizer.json)"
+        "checkpoint",
+        help="HF checkpoint directory (config.json, safetensors, tokenizer.json) or GGUF file",
     )
     p.add_argument("-o", "--output", required=True, help="image file to write")
     p.add_argument("--target", required=True, help="the target name streams will open")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import mmap
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from safetensors import safe_open
@@ -32,6 +32,7 @@ from exstill_sdk.image.tokenizer import (
 )
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+T = TypeVar("T")
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "mlp_norm.weight",
@@ -218,6 +219,37 @@ class Checkpoint:
             yield name, loader(src)
 
 
+def arrange_tensors(
+    config: DecoderConfig,
+    found: Mapping[str, T],
+    unknown: Sequence[str],
+    describe: Callable[[T], tuple[str, tuple[int, ...]]],
+    declared_by: str,
+) -> dict[str, T]:
+    """The source's tensors (by image name) in the architecture's order, or a CheckpointError
+    for one it has no place for (``unknown``, source names), lacks, or finds misshapen.
+    ``describe`` gives a tensor's source name and shape in HF's [out, in] order."""
+    if unknown:
+        raise CheckpointError(
+            f"tensors the card's architecture has no place for: {', '.join(unknown[:5])}"
+        )
+    ordered: dict[str, T] = {}
+    for name, shape in config.tensor_shapes().items():
+        src = found.get(name)
+        if src is None:
+            raise CheckpointError(f"the source lacks the tensor for {name!r}")
+        source_name, source_shape = describe(src)
+        if source_shape != shape:
+            raise CheckpointError(
+                f"{source_name} has shape {list(source_shape)}; {declared_by} implies {list(shape)}"
+            )
+        ordered[name] = src
+    extra = set(found) - set(ordered)
+    if extra:
+        raise CheckpointError(f"tensors {declared_by} does not account for: {sorted(extra)[:5]}")
+    return ordered
+
+
 def _shards(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.exists():
@@ -311,21 +343,7 @@ def read_checkpoint(directory: str | Path, tokenizer: str | Path | None = None) 
             if end - begin != _ITEMSIZE[dtype] * int(np.prod(shape, dtype=object)):
                 raise CheckpointError(f"{hf_name}: its data size does not match its shape")
             found[name] = SourceTensor(path, hf_name, dtype, shape, begin)
-    if unknown:
-        raise CheckpointError(
-            f"tensors the card's architecture has no place for: {', '.join(unknown[:5])}"
-        )
-    ordered: dict[str, SourceTensor] = {}
-    for name, shape in config.tensor_shapes().items():
-        src = found.get(name)
-        if src is None:
-            raise CheckpointError(f"the checkpoint lacks the tensor for {name!r}")
-        if src.shape != shape:
-            raise CheckpointError(
-                f"{src.hf_name} has shape {list(src.shape)}; config.json implies {list(shape)}"
-            )
-        ordered[name] = src
-    extra = set(found) - set(ordered)
-    if extra:
-        raise CheckpointError(f"tensors config.json does not account for: {sorted(extra)[:5]}")
+    ordered = arrange_tensors(
+        config, found, unknown, lambda src: (src.hf_name, src.shape), "config.json"
+    )
     return Checkpoint(directory, config, fingerprint, ordered)

@@ -1,4 +1,5 @@
-"""Packing: an HF checkpoint in, a card image out (what ``exstill-pack`` runs)."""
+"""Packing: an HF checkpoint directory or a GGUF file in, a card image out (what
+``exstill-pack`` runs)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tqdm import tqdm
 from exstill_sdk.errors import CheckpointError
 from exstill_sdk.image.checkpoint import Checkpoint, read_checkpoint
 from exstill_sdk.image.format import DType
+from exstill_sdk.image.gguf_file import GgufCheckpoint, is_gguf, read_gguf
 from exstill_sdk.image.quantize import quantize_rows
 from exstill_sdk.image.tokenizer import fingerprint_to_metadata
 from exstill_sdk.image.writer import ImageWriter, TensorSpec, WrittenImage
@@ -48,7 +50,21 @@ class PackResult:
         }
 
 
-def _specs(ckpt: Checkpoint, dtype: str) -> list[TensorSpec]:
+def read_source(
+    source: str | Path, tokenizer: str | Path | None = None
+) -> Checkpoint | GgufCheckpoint:
+    """What a checkpoint path names: a GGUF file (it carries its own tokenizer) or an HF
+    checkpoint directory."""
+    if is_gguf(source):
+        if tokenizer is not None:
+            raise CheckpointError(
+                "a GGUF file carries its tokenizer; --tokenizer is for checkpoint directories"
+            )
+        return read_gguf(source)
+    return read_checkpoint(source, tokenizer)
+
+
+def _specs(ckpt: Checkpoint | GgufCheckpoint, dtype: str) -> list[TensorSpec]:
     specs = []
     for name, shape in ckpt.config.tensor_shapes().items():
         if len(shape) == 2:
@@ -74,7 +90,7 @@ def _convert(name: str, value: np.ndarray, dtype: str) -> list[tuple[str, np.nda
 
 
 def pack_checkpoint(
-    directory: str | Path,
+    source: str | Path,
     output: str | Path,
     target: str,
     dtype: str = "f32",
@@ -91,7 +107,7 @@ def pack_checkpoint(
     if not target or len(target.encode()) > 64:
         raise CheckpointError("the target name must be 1..64 bytes")
     start = time.perf_counter()
-    ckpt = read_checkpoint(directory, tokenizer)
+    ckpt = read_source(source, tokenizer)
     from exstill_sdk.version import __version__
 
     metadata: dict[str, Any] = {

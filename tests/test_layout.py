@@ -130,6 +130,7 @@ EMULATOR_STARTERS = {
     "exstill_sdk.cli.emu": "exstill-emu serves the runtime",
     "exstill_sdk.bench.engine.cost": "exstill-bench engine times the card's own engine, no link",
     "exstill_sdk.bench.decode.trees": "exstill-bench trees grows the card engine's own trees",
+    "exstill_sdk.evaluation.drafters": "exstill eval scores the card's own prompt lookup",
 }
 """The only SDK modules that import the firmware, and why."""
 

@@ -1,5 +1,6 @@
 """exstill: the SDK's front door. ``exstill demo`` shows the product doing its job; ``exstill
-plan`` projects what it will do for a target, a card and users."""
+plan`` projects what it will do for a target, a card and users; ``exstill eval`` measures a
+draft."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import sys
 from typing import Literal
 
+from exstill_sdk.cli.eval import add_parser as add_eval_parser
+from exstill_sdk.cli.eval import run_eval
 from exstill_sdk.cli.plan import add_parser as add_plan_parser
 from exstill_sdk.cli.plan import run_plan
 from exstill_sdk.cli.support import EXIT_FAILED, EXIT_OK, Parser, run
@@ -82,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     add_plan_parser(sub)
+    add_eval_parser(sub)
     return p
 
 
@@ -209,7 +213,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    body = _demo if args.command == "demo" else run_plan
+    body = {"demo": _demo, "plan": run_plan, "eval": run_eval}[args.command]
     return run(f"exstill {args.command}", args.json, lambda: body(args))
 
 

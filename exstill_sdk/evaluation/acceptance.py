@@ -1,0 +1,93 @@
+"""The field's measure of a draft, from one greedy continuation of the target: how many tokens
+each verification pass keeps, at every draft length K.
+
+Greedy verification keeps a drafted token while it equals the target's own next token, then
+adds the target's token where they part (or after the last drafted token): a pass keeps
+``accepted + 1`` tokens. Two facts make the measure cheap:
+
+- A draft model's chain drafted at position t agrees with the target as long as it is
+  accepted, so its token at depth d is the draft's prediction given the target's own prefix
+  ``y[:t+d]``: one teacher-forced pass of the draft over the continuation gives every chain's
+  run of accepted tokens (``runs_from_matches``).
+- A chain longer than K is cut at K, so the runs for the largest K give every smaller K.
+
+``rounds`` then walks the continuation as a decoder would (a pass at t keeps ``a + 1`` tokens,
+the next starts after them) and gives the mean tokens kept per pass, tau, with the per-depth
+acceptance it saw. Everything here is numpy over small integer arrays; nothing runs a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def runs_from_matches(matches: np.ndarray, max_k: int) -> np.ndarray:
+    """For each position t, how many consecutive ``matches`` start at t, at most ``max_k``."""
+    n = len(matches)
+    runs = np.zeros(n + 1, dtype=np.int64)
+    for t in range(n - 1, -1, -1):
+        runs[t] = runs[t + 1] + 1 if matches[t] else 0
+    return np.minimum(runs[:n], max_k)
+
+
+def runs_from_chains(chains: list[list[int]], continuation: np.ndarray) -> np.ndarray:
+    """For each position t, how many leading tokens of the chain drafted at t equal the
+    continuation from t (drafters whose chains are not teacher-forced, such as prompt
+    lookup)."""
+    runs = np.zeros(len(continuation), dtype=np.int64)
+    for t, chain in enumerate(chains):
+        a = 0
+        while a < len(chain) and t + a < len(continuation) and chain[a] == continuation[t + a]:
+            a += 1
+        runs[t] = a
+    return runs
+
+
+COVERAGE_KS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    passes: int
+    """Verification passes to produce the continuation."""
+    tokens: int
+    """Tokens they kept (the continuation's length)."""
+    reached: np.ndarray
+    """reached[d-1]: passes whose draft was checked at depth d (1..K)."""
+    accepted: np.ndarray
+    """accepted[d-1]: passes that kept their drafted token at depth d."""
+    covered: np.ndarray
+    """covered[i, d-1]: passes that reached depth d with the target's token among the draft's
+    ``COVERAGE_KS[i]`` most likely there (what a tree branching that wide could keep); zeros
+    when no ranks were given."""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens kept per verification pass (1.0 for the target alone)."""
+        return self.tokens / self.passes if self.passes else 0.0
+
+
+def rounds(runs: np.ndarray, k: int, ranks: np.ndarray | None = None) -> Rounds:
+    """Decode the continuation in passes drafting ``k`` tokens, given each position's run of
+    accepted draft tokens: a pass at t accepts ``min(runs[t], k)`` (never past the last
+    token, which the target's own token ends) and keeps one more. ``ranks`` (the target
+    token's rank under a teacher-forced draft at each position, 0 = its argmax) adds the
+    coverage at each depth reached."""
+    n = len(runs)
+    reached = np.zeros(k, dtype=np.int64)
+    accepted = np.zeros(k, dtype=np.int64)
+    covered = np.zeros((len(COVERAGE_KS), k), dtype=np.int64)
+    widths = np.array(COVERAGE_KS)[:, None]
+    t = passes = 0
+    while t < n:
+        a = int(min(runs[t], k, n - 1 - t))
+        depth = min(a + 1, k, n - 1 - t)  # the depths whose draft token was checked
+        reached[:depth] += 1
+        accepted[:a] += 1
+        if ranks is not None and depth:
+            covered[:, :depth] += ranks[t : t + depth][None, :] < widths
+        passes += 1
+        t += a + 1
+    return Rounds(passes, n, reached, accepted, covered)

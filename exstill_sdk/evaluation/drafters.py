@@ -1,0 +1,46 @@
+"""What each kind of draft would have proposed along the target's own continuation.
+
+- A draft model (a card image, run as the transformers model of its weights): one
+  teacher-forced pass over prompt + continuation gives, at every position, the rank of the
+  target's token among the draft's predictions; rank 0 is an accepted token
+  (acceptance.py explains why one pass serves every chain).
+- Prompt lookup (the card's own ``lookup`` engine, firmware/engines/lookup.py): the chain it
+  proposes at each position from the text so far.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from exstill_firmware.engines.base import Sampling
+from exstill_firmware.engines.lookup import LookupEngine
+
+from exstill_sdk.protocol.messages import decode_tokens, encode_tokens
+
+LOOKUP = "prompt lookup"
+
+
+def target_ranks(model: Any, prompt: list[int], continuation: list[int]) -> np.ndarray:
+    """For each continuation token, its rank under ``model`` (a transformers causal LM) given
+    the prompt and the continuation before it: the count of tokens scored strictly higher."""
+    import torch
+
+    ids = torch.tensor([prompt + continuation[:-1]], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 :].float()
+    wanted = torch.tensor(continuation, dtype=torch.long)
+    chosen = logits.gather(1, wanted[:, None])
+    return (logits > chosen).sum(dim=1).numpy().astype(np.int64)
+
+
+def lookup_chains(prompt: list[int], continuation: list[int], max_k: int) -> list[list[int]]:
+    """The chain of up to ``max_k`` tokens prompt lookup proposes before each continuation
+    token, given the text up to it."""
+    state = LookupEngine().open_state(len(prompt) + len(continuation) + max_k, Sampling())
+    state.extend(encode_tokens(prompt))
+    chains = []
+    for token in continuation:
+        chains.append(list(decode_tokens(state.propose(max_k).tokens)))
+        state.extend(encode_tokens([token]))
+    return chains

@@ -1,0 +1,238 @@
+"""``exstill eval``: a draft measured as the field measures it, on the target's own greedy text.
+
+For each prompt the target (an HF checkpoint directory or a GGUF file, run by transformers)
+continues greedily; every draft given (a card image) and prompt lookup are then scored along
+that continuation (acceptance.py, drafters.py). The report holds, per drafter and per prompt
+category and over all prompts:
+
+- ``tau``: mean tokens kept per verification pass at each K (1.0 is the target alone);
+- ``acceptance_by_depth``: at the largest K, the share of passes reaching each depth whose
+  drafted token there was kept;
+- ``coverage_by_depth``: at the largest K, the share of passes reaching each depth whose target
+  token was among the draft's 1, 2, 4, 8 most likely (what a tree that wide could keep; model
+  drafts only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.evaluation.acceptance import (
+    COVERAGE_KS,
+    Rounds,
+    rounds,
+    runs_from_chains,
+    runs_from_matches,
+)
+from exstill_sdk.evaluation.drafters import LOOKUP, lookup_chains, target_ranks
+from exstill_sdk.evaluation.prompts import Prompt
+
+ALL = "all"
+
+
+@dataclass
+class _Tally:
+    """Rounds summed over prompts, for each K."""
+
+    prompts: int = 0
+    tokens: int = 0
+    passes: dict[int, int] = field(default_factory=dict)
+    deepest: Rounds | None = None
+
+    def add(self, by_k: dict[int, Rounds]) -> None:
+        self.prompts += 1
+        for k, r in by_k.items():
+            self.passes[k] = self.passes.get(k, 0) + r.passes
+        self.tokens += next(iter(by_k.values())).tokens
+        top = by_k[max(by_k)]
+        if self.deepest is None:
+            self.deepest = top
+        else:
+            d = self.deepest
+            self.deepest = Rounds(
+                d.passes + top.passes,
+                d.tokens + top.tokens,
+                d.reached + top.reached,
+                d.accepted + top.accepted,
+                d.covered + top.covered,
+            )
+
+    def report(self, model: bool) -> dict[str, Any]:
+        d = self.deepest
+        assert d is not None
+        reached = np.maximum(d.reached, 1)
+        out: dict[str, Any] = {
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "tau": {str(k): round(self.tokens / p, 4) for k, p in sorted(self.passes.items())},
+            "acceptance_by_depth": [round(float(x), 4) for x in d.accepted / reached],
+        }
+        if model:
+            out["coverage_by_depth"] = {
+                str(w): [round(float(x), 4) for x in d.covered[i] / reached]
+                for i, w in enumerate(COVERAGE_KS)
+            }
+        return out
+
+
+def _source(path: str | Path) -> tuple[Path, dict[str, str]]:
+    """Where transformers loads a target from, and the extra argument a GGUF file needs."""
+    from exstill_sdk.image.gguf_file import is_gguf
+
+    p = Path(path)
+    if is_gguf(p):
+        return p.parent, {"gguf_file": p.name}
+    if p.is_dir():
+        return p, {}
+    raise InvalidArgumentError(f"{p}: give the target as an HF checkpoint directory or a GGUF file")
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise InvalidArgumentError(
+            "exstill eval runs the target with transformers: pip install 'exstill-sdk[hf]' "
+            "(torch==2.13.0 first on a CPU machine)"
+        ) from None
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The target's tokenizer, from an HF checkpoint directory or a GGUF file."""
+    where, extra = _source(path)
+    try:
+        return _transformers().AutoTokenizer.from_pretrained(where, **extra)
+    except (OSError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"cannot load the target's tokenizer from {path}: {exc}"
+        ) from None
+
+
+def load_model(path: str | Path) -> Any:
+    """The target as a transformers causal LM (float32, on the CPU, in eval mode)."""
+    import torch
+
+    where, extra = _source(path)
+    try:
+        model = _transformers().AutoModelForCausalLM.from_pretrained(
+            where, dtype=torch.float32, **extra
+        )
+    except (OSError, ValueError) as exc:
+        raise InvalidArgumentError(f"cannot load the target from {path}: {exc}") from None
+    return model.eval()
+
+
+def encode(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """A prompt's ids: as the user's turn of the tokenizer's chat template where it has one,
+    else the text as it is."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt.text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(prompt.text)["input_ids"]]
+
+
+def greedy_continuation(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """The target's greedy continuation of ``prompt``, ``new_tokens`` long or up to its end of
+    text."""
+    import torch
+
+    ids = torch.tensor([prompt], dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            pad_token_id=model.generation_config.eos_token_id or 0,
+        )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def _drafts(paths: Sequence[str | Path], tokenizer: Any) -> dict[str, Any]:
+    """Each draft image as a transformers model, once every image is known to be made in the
+    target's tokenizer."""
+    from exstill_sdk.image.hf import to_hf_model
+    from exstill_sdk.image.reader import open_image
+    from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
+
+    want = fingerprint_hf_tokenizer(tokenizer)
+    for path in paths:
+        with open_image(path) as image:
+            differs = want.mismatch(image.tokenizer)
+        if differs:
+            raise InvalidArgumentError(
+                f"draft {path} was packed for another tokenizer ({differs}): a draft must be "
+                "made in its target's tokenizer"
+            )
+    models = {}
+    for path in paths:
+        with open_image(path) as image:
+            models[Path(path).stem] = to_hf_model(image)
+    return models
+
+
+def evaluate(
+    target: str | Path,
+    drafts: Sequence[str | Path],
+    prompts: Sequence[Prompt],
+    *,
+    max_k: int = 8,
+    new_tokens: int = 64,
+    lookup: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Score each draft (and prompt lookup) on the target's greedy continuation of each
+    prompt; the report module docstring describes."""
+    if not 1 <= max_k <= 32:
+        raise InvalidArgumentError(f"--max-k must be 1..32, not {max_k}")
+    if not drafts and not lookup:
+        raise InvalidArgumentError("nothing to measure: give a --draft, or keep prompt lookup")
+    tokenizer = load_tokenizer(target)
+    models = _drafts(drafts, tokenizer)
+    model = load_model(target)
+    names = list(models) + ([LOOKUP] if lookup else [])
+    tallies: dict[str, dict[str, _Tally]] = {name: {} for name in names}
+    ks = range(1, max_k + 1)
+    for done, prompt in enumerate(prompts):
+        ids = encode(tokenizer, prompt)
+        continuation = greedy_continuation(model, ids, new_tokens)
+        if continuation:
+            y = np.array(continuation, dtype=np.int64)
+            for name in names:
+                if name == LOOKUP:
+                    ranks = None
+                    runs = runs_from_chains(lookup_chains(ids, continuation, max_k), y)
+                else:
+                    ranks = target_ranks(models[name], ids, continuation)
+                    runs = runs_from_matches(ranks == 0, max_k)
+                by_k = {k: rounds(runs, k, ranks if k == max_k else None) for k in ks}
+                for group in (prompt.category, ALL):
+                    tallies[name].setdefault(group, _Tally()).add(by_k)
+        if progress:
+            progress(done + 1, len(prompts))
+    return {
+        "target": str(target),
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
+        "max_k": max_k,
+        "drafters": {
+            name: {
+                group: tally.report(name != LOOKUP)
+                for group, tally in sorted(by_group.items(), key=lambda kv: kv[0] == ALL)
+            }
+            for name, by_group in tallies.items()
+        },
+    }

@@ -1,0 +1,87 @@
+"""The acceptance measure against a decoder simulated pass by pass."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exstill_sdk.evaluation.acceptance import (
+    COVERAGE_KS,
+    rounds,
+    runs_from_chains,
+    runs_from_matches,
+)
+
+
+def _decode(text: list[int], prompt_len: int, predict: dict[int, int], k: int) -> tuple[int, list]:
+    """Greedy speculative decoding of ``text[prompt_len:]`` as a decoder runs it: the draft
+    chains its own predictions (a function of the last token), the target keeps the run that
+    equals its text and adds its own token. Returns the passes and each pass's accepted count."""
+    t, passes, accepted = prompt_len, 0, []
+    while t < len(text):
+        chain, last = [], text[t - 1]
+        for _ in range(min(k, len(text) - 1 - t)):
+            last = predict.get(last, -1)
+            chain.append(last)
+        a = 0
+        while a < len(chain) and chain[a] == text[t + a]:
+            a += 1
+        accepted.append(a)
+        passes += 1
+        t += a + 1
+    return passes, accepted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.lists(st.integers(0, 4), min_size=2, max_size=60),
+    table=st.dictionaries(st.integers(0, 4), st.integers(0, 4)),
+    k=st.integers(1, 8),
+)
+def test_one_teacher_forced_pass_gives_every_chain(text, table, k) -> None:
+    """The draft's prediction at each position given the target's own prefix (one pass) gives
+    the same passes as drafting chain after chain."""
+    prompt_len = 1
+    y = np.array(text[prompt_len:])
+    predicted = np.array([table.get(text[j - 1], -1) for j in range(prompt_len, len(text))])
+    ranks = np.where(predicted == y, 0, 1)
+    r = rounds(runs_from_matches(ranks == 0, k), k, ranks)
+    passes, accepted = _decode(text, prompt_len, table, k)
+    assert r.passes == passes and r.tokens == len(y)
+    assert r.accepted.sum() == sum(accepted)
+    assert 1.0 <= r.tau <= k + 1
+    for depth in range(1, k + 1):
+        assert r.accepted[depth - 1] == sum(a >= depth for a in accepted)
+    assert np.array_equal(r.covered[0], r.accepted)  # top-1 coverage is acceptance
+    assert all(np.all(r.covered[i] >= r.covered[0]) for i in range(len(COVERAGE_KS)))
+
+
+@given(matches=st.lists(st.booleans(), min_size=1, max_size=80), k=st.integers(1, 7))
+def test_a_longer_draft_never_needs_more_passes(matches, k) -> None:
+    runs = runs_from_matches(np.array(matches), 8)
+    assert rounds(runs, k + 1).passes <= rounds(runs, k).passes
+
+
+def test_known_answers() -> None:
+    n = 20
+    perfect = runs_from_matches(np.ones(n, dtype=bool), 8)
+    for k in range(1, 9):
+        assert rounds(perfect, k).passes == math.ceil(n / (k + 1))
+    hopeless = runs_from_matches(np.zeros(n, dtype=bool), 8)
+    assert rounds(hopeless, 4).tau == 1.0
+    assert list(runs_from_matches(np.array([1, 1, 0, 1, 1, 1], dtype=bool), 2)) == [
+        2,
+        1,
+        0,
+        2,
+        2,
+        1,
+    ]
+
+
+def test_chains_are_scored_from_their_own_start() -> None:
+    y = np.array([5, 6, 7, 8])
+    assert list(runs_from_chains([[5, 6, 9], [], [7, 8, 1], [0]], y)) == [2, 0, 2, 0]

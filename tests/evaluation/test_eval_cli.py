@@ -1,0 +1,124 @@
+"""exstill eval end to end on tiny real models: a target checkpoint, drafts packed from real
+checkpoints, the CLI's JSON and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exstill_sdk.image.pack import pack_checkpoint
+
+from ..image.checkpoints import save_model
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("eval")
+    target = save_model(root / "target", "llama", scale=0.5)
+    other = save_model(root / "other", "llama", scale=0.5, seed=1)
+    pack_checkpoint(target, root / "self.img", "tiny")
+    pack_checkpoint(other, root / "other.img", "tiny")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps(
+                {"category": c, "prompt": " ".join(f"w{(i * 7 + j) % 90}" for j in range(12))}
+            )
+            + "\n"
+            for i, c in enumerate(["a", "a", "b"])
+        )
+    )
+    return {
+        "target": target,
+        "self": root / "self.img",
+        "other": root / "other.img",
+        "prompts": prompts,
+    }
+
+
+def _eval(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exstill_sdk.cli.main", "eval", *args],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
+    out = _eval(
+        "--target",
+        str(pair["target"]),
+        "--draft",
+        str(pair["self"]),
+        "--draft",
+        str(pair["other"]),
+        "--prompts",
+        str(pair["prompts"]),
+        "--new-tokens",
+        "24",
+        "--max-k",
+        "6",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    drafters = report["drafters"]
+    assert list(drafters) == ["self", "other", "prompt lookup"]
+    for groups in drafters.values():
+        assert list(groups) == ["a", "b", "all"]
+        assert groups["a"]["prompts"] == 2 and groups["all"]["prompts"] == 3
+    itself = drafters["self"]["all"]
+    # the target drafting for itself: every token kept, up to the continuation's end
+    assert all(a == 1.0 for a in itself["acceptance_by_depth"])
+    tokens, prompts = itself["tokens"], itself["prompts"]
+    for k in range(1, 7):  # a pass keeps k + 1 tokens, save each prompt's last one
+        assert itself["tau"][str(k)] >= tokens / (tokens / (k + 1) + prompts)
+    other = drafters["other"]["all"]
+    assert other["tau"]["6"] < itself["tau"]["6"]
+    assert 1.0 <= other["tau"]["1"] <= 2.0
+    cover = other["coverage_by_depth"]
+    assert cover["1"] == other["acceptance_by_depth"]
+    assert all(c8 >= c1 for c1, c8 in zip(cover["1"], cover["8"], strict=True))
+    assert "coverage_by_depth" not in drafters["prompt lookup"]["all"]
+
+    table = _eval(
+        "--target",
+        str(pair["target"]),
+        "--draft",
+        str(pair["other"]),
+        "--prompts",
+        str(pair["prompts"]),
+        "--new-tokens",
+        "8",
+        "--no-lookup",
+        "--limit",
+        "1",
+    )
+    assert table.returncode == 0, table.stderr
+    assert "other" in table.stdout and "K=8" in table.stdout and "prompt lookup" not in table.stdout
+
+
+def test_eval_mistakes_are_one_line(pair: dict[str, Path], tmp_path: Path) -> None:
+    tokenizer = json.loads((pair["target"] / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"]["renamed"] = tokenizer["model"]["vocab"].pop("w5")
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    foreign = tmp_path / "foreign.img"
+    pack_checkpoint(pair["target"], foreign, "tiny", tokenizer=tmp_path / "tokenizer.json")
+    cases = [
+        (["--draft", str(foreign)], "packed for another tokenizer"),
+        (["--draft", str(tmp_path / "none.img")], "none.img"),
+        (["--no-lookup"], "nothing to measure"),
+        (["--new-tokens", "1"], "--new-tokens must be 2 or more"),
+    ]
+    for extra, message in cases:
+        out = _eval("--target", str(pair["target"]), "--prompts", str(pair["prompts"]), *extra)
+        assert out.returncode == 2, (extra, out.stderr)
+        assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    out = _eval("--target", str(tmp_path / "nowhere"), "--prompts", str(pair["prompts"]))
+    assert out.returncode == 2 and "HF checkpoint directory or a GGUF file" in out.stderr

@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Literal
 
+from exstill_sdk.cli.distill import add_parser as add_distill_parser
+from exstill_sdk.cli.distill import run_distill
 from exstill_sdk.cli.eval import add_parser as add_eval_parser
 from exstill_sdk.cli.eval import run_eval
 from exstill_sdk.cli.plan import add_parser as add_plan_parser
@@ -86,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     add_plan_parser(sub)
     add_eval_parser(sub)
+    add_distill_parser(sub)
     return p
 
 
@@ -213,7 +216,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    body = {"demo": _demo, "plan": run_plan, "eval": run_eval}[args.command]
+    body = {"demo": _demo, "plan": run_plan, "eval": run_eval, "distill": run_distill}[args.command]
     return run(f"exstill {args.command}", args.json, lambda: body(args))
 
 

@@ -1,0 +1,177 @@
+"""Training data from the target itself: its prompts (or the user's), its answers, and its
+distribution at every answer position.
+
+- **Prompts the target writes** (when the user gives none): an instruction model given only its
+  chat template's opening of a user turn writes a plausible user message (Magpie). A model
+  without a chat template writes text from its start token, and the opening of that text is
+  the prompt.
+- **Answers**: the target continues each prompt in batches (left-padded), greedily for half of
+  them and sampled at temperature 1 for the other half, which is what the card will be asked to
+  draft for; transformers' ``output_logits`` gives the target's raw logits at every step, so no
+  second pass is needed.
+- **What is kept**: per answer position the target's ``top_k`` most likely tokens and their
+  log-probabilities (float16), the draft's training signal (train.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SENTINEL = "\x00exstill-prompt\x00"
+
+
+@dataclass(frozen=True)
+class Example:
+    ids: np.ndarray
+    """int32 [prompt + answer]."""
+    start: int
+    """Index of the first answer token in ``ids``."""
+    top_ids: np.ndarray
+    """int32 [answer, k]: the target's k most likely tokens at each answer position."""
+    top_logp: np.ndarray
+    """float16 [answer, k]: their log-probabilities under the target."""
+
+
+def save_examples(path: Any, examples: Sequence[Example]) -> None:
+    """One shard of examples as an .npz (concatenated, with offsets)."""
+    np.savez(
+        path,
+        ids=np.concatenate([e.ids for e in examples]),
+        lengths=np.array([len(e.ids) for e in examples], dtype=np.int64),
+        starts=np.array([e.start for e in examples], dtype=np.int64),
+        top_ids=np.concatenate([e.top_ids for e in examples]),
+        top_logp=np.concatenate([e.top_logp for e in examples]),
+    )
+
+
+def load_examples(path: Any) -> list[Example]:
+    with np.load(path) as f:
+        ids, lengths, starts = f["ids"], f["lengths"], f["starts"]
+        top_ids, top_logp = f["top_ids"], f["top_logp"]
+    out, at, answer_at = [], 0, 0
+    for length, start in zip(lengths.tolist(), starts.tolist(), strict=True):
+        answer = length - start
+        out.append(
+            Example(
+                ids[at : at + length],
+                start,
+                top_ids[answer_at : answer_at + answer],
+                top_logp[answer_at : answer_at + answer],
+            )
+        )
+        at += length
+        answer_at += answer
+    return out
+
+
+def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    *,
+    sample: bool,
+    seed: int,
+) -> tuple[list[list[int]], list[np.ndarray]]:
+    """The target's continuations of a batch of prompts (each up to its first stop token,
+    included), and its raw logits at each step of each (float32 [steps, vocab])."""
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):  # left padding: every row's next token is at the end
+        ids[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=sample,
+            temperature=1.0 if sample else None,
+            top_p=None,
+            top_k=None,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    logits = torch.stack(out.logits, dim=1).float()  # [batch, steps, vocab]
+    stops = _stop_ids(tokenizer, model)
+    answers, kept = [], []
+    for row in range(len(prompts)):
+        answer = [int(t) for t in out.sequences[row, width:]]
+        for i, t in enumerate(answer):
+            if t in stops:
+                answer = answer[: i + 1]
+                break
+        answers.append(answer)
+        kept.append(logits[row, : len(answer)].numpy())
+    return answers, kept
+
+
+def examples_from(
+    prompts: Sequence[list[int]], answers: Sequence[list[int]], logits: Sequence[Any], top_k: int
+) -> list[Example]:
+    """Examples of the answers that have tokens, with the target's top-k at each position."""
+    import torch
+
+    out = []
+    for prompt, answer, step_logits in zip(prompts, answers, logits, strict=True):
+        if not answer:
+            continue
+        logp = torch.log_softmax(torch.as_tensor(step_logits), dim=-1)
+        top = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)
+        out.append(
+            Example(
+                np.array(prompt + answer, dtype=np.int32),
+                len(prompt),
+                top.indices.numpy().astype(np.int32),
+                top.values.numpy().astype(np.float16),
+            )
+        )
+    return out
+
+
+def self_written_prompts(
+    model: Any, tokenizer: Any, count: int, *, batch: int, seed: int, max_tokens: int = 96
+) -> list[str]:
+    """``count`` user prompts the target writes itself (module docstring), distinct and
+    non-empty."""
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=False
+        )
+        opening = rendered[: rendered.index(SENTINEL)]
+        start = tokenizer(opening, add_special_tokens=False)["input_ids"]
+    else:
+        bos = tokenizer.bos_token_id
+        start = [bos] if bos is not None else tokenizer(" ")["input_ids"][:1]
+    found: dict[str, None] = {}
+    attempt = 0
+    while len(found) < count and attempt < 4 * count // batch + 4:
+        answers, _ = generate(
+            model, tokenizer, [start] * batch, max_tokens, sample=True, seed=seed + attempt
+        )
+        attempt += 1
+        for answer in answers:
+            text = tokenizer.decode(answer if template else answer[:32], skip_special_tokens=True)
+            text = text.strip()
+            if len(text) >= 8:
+                found.setdefault(text)
+    return list(found)[:count]

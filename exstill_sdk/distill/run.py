@@ -1,0 +1,282 @@
+"""``exstill distill``: a draft for any target, made from the target's own outputs and packed.
+
+A run lives in a work directory, so that Ctrl-C and running the same command again continues
+where it stopped:
+
+- ``run.json``: the options that shape the result (a run with other options is refused);
+- ``prompts.json``: the prompts, the user's or the target's own (data.py);
+- ``data/shard-NNNNN.npz``: the target's answers, one shard a batch of prompts;
+- ``train.pt``: the draft, its optimiser and the time spent training, saved every minute;
+- ``draft/``: the draft as an HF checkpoint with the target's tokenizer, packed at the end.
+
+The time budget (``minutes``) covers the whole run: gathering data stops at 40% of it (or when
+every prompt is answered), and training uses what remains. A continued run keeps the training
+budget the first one set.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exstill_sdk.distill.data import (
+    examples_from,
+    generate,
+    load_examples,
+    save_examples,
+    self_written_prompts,
+)
+from exstill_sdk.distill.model import draft_from_target
+from exstill_sdk.distill.train import agreement, batch_loss, learning_rate
+from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.evaluation.prompts import Prompt, load_prompts
+from exstill_sdk.evaluation.target import encode, load_model, load_tokenizer
+
+DATA_SHARE = 0.4
+SAVE_EVERY_S = 60.0
+HELD_OUT = (8, 64)
+"""Examples kept out of training to report the draft's agreement with the target: a twentieth
+of them, within these bounds."""
+TRAIN_SAMPLE = 64
+"""Training examples the agreement on the training data is reported over."""
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    target: str
+    prompts: str | None = None
+    examples: int = 1600
+    layers: int = 4
+    answer_tokens: int = 64
+    batch: int = 8
+    gen_batch: int = 16
+    top_k: int = 16
+    lr: float = 5e-4
+    seed: int = 0
+
+    def shaping(self) -> dict[str, Any]:
+        """What a resumed run must share with the one it continues."""
+        return {k: v for k, v in asdict(self).items()}
+
+
+@dataclass
+class DistillResult:
+    image: str
+    work_dir: str
+    examples: int
+    steps: int
+    train_seconds: float
+    agreement_before: float
+    agreement_after: float
+    """Share of held-out answer positions where the draft's top token is the target's."""
+    train_agreement_before: float
+    train_agreement_after: float
+    """The same over training answers: far above the held-out figure means too little data."""
+    pack: dict[str, Any]
+
+
+Report = Callable[[str, int, int], None]
+"""progress(stage, done, total)."""
+
+
+def _check_run(work: Path, options: DistillOptions) -> None:
+    path = work / "run.json"
+    if path.exists():
+        before = json.loads(path.read_text())
+        if before != options.shaping():
+            changed = sorted(
+                k
+                for k in before.keys() | options.shaping().keys()
+                if before.get(k) != options.shaping().get(k)
+            )
+            raise InvalidArgumentError(
+                f"{work} holds a run with other options ({', '.join(changed)}); give another "
+                "--work-dir, or --restart to start this one again"
+            )
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(options.shaping(), indent=1))
+
+
+def _prompts(work: Path, options: DistillOptions, model: Any, tokenizer: Any) -> list[str]:
+    path = work / "prompts.json"
+    if path.exists():
+        texts: list[str] = json.loads(path.read_text())
+        return texts
+    if options.prompts:
+        texts = [p.text for p in load_prompts(options.prompts)]
+    else:
+        texts = self_written_prompts(
+            model, tokenizer, options.examples, batch=options.gen_batch, seed=options.seed
+        )
+    if not texts:
+        raise InvalidArgumentError("no prompts to answer: give --prompts FILE")
+    rng = np.random.default_rng(options.seed)
+    order = rng.permutation(len(texts))
+    texts = [texts[i] for i in order[: options.examples]]
+    path.write_text(json.dumps(texts))
+    return texts
+
+
+def _gather(
+    work: Path,
+    options: DistillOptions,
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    deadline: float,
+    progress: Report | None,
+) -> list[Any]:
+    data = work / "data"
+    data.mkdir(exist_ok=True)
+    step = options.gen_batch
+    shards = (len(texts) + step - 1) // step
+    for shard in range(shards):
+        path = data / f"shard-{shard:05d}.npz"
+        if path.exists():
+            continue
+        if time.monotonic() > deadline and shard:
+            break
+        batch = [encode(tokenizer, Prompt("distill", t)) for t in texts[shard * step :][:step]]
+        sample = shard % 2 == 1  # greedy and sampled answers, alternately
+        answers, logits = generate(
+            model,
+            tokenizer,
+            batch,
+            options.answer_tokens,
+            sample=sample,
+            seed=options.seed + shard,
+        )
+        examples = examples_from(batch, answers, logits, options.top_k)
+        tmp = path.with_suffix(".tmp.npz")
+        save_examples(tmp, examples)
+        tmp.replace(path)  # a shard is there whole or not at all
+        if progress:
+            progress("answering prompts", shard + 1, shards)
+    examples = []
+    for path in sorted(data.glob("shard-*[0-9].npz")):
+        examples.extend(load_examples(path))
+    return examples
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def distill(
+    options: DistillOptions,
+    output: str | Path,
+    *,
+    name: str,
+    work_dir: str | Path,
+    minutes: float = 60.0,
+    dtype: str = "f16",
+    progress: Report | None = None,
+) -> DistillResult:
+    """Gather the target's answers, train the draft for the rest of the budget, pack it."""
+    import torch
+
+    if minutes <= 0:
+        raise InvalidArgumentError("--minutes must be more than 0")
+    begin = time.monotonic()
+    budget_s = minutes * 60.0
+    work = Path(work_dir)
+    _check_run(work, options)
+    torch.manual_seed(options.seed)
+    tokenizer = load_tokenizer(options.target)
+    target = load_model(options.target)
+    texts = _prompts(work, options, target, tokenizer)
+    examples = _gather(
+        work, options, target, tokenizer, texts, begin + DATA_SHARE * budget_s, progress
+    )
+    held_out = min(HELD_OUT[1], max(HELD_OUT[0], len(examples) // 20))
+    if len(examples) <= 2 * held_out:
+        raise InvalidArgumentError(
+            f"only {len(examples)} answers gathered: give more --examples or more --minutes"
+        )
+    held, train = examples[:held_out], examples[held_out:]
+
+    draft = draft_from_target(target, options.layers)
+    before = agreement(draft.eval(), held), agreement(draft, train[:TRAIN_SAMPLE])
+    optimiser = torch.optim.AdamW(draft.parameters(), lr=options.lr, weight_decay=0.0)
+    state_path = work / "train.pt"
+    step, spent = 0, 0.0
+    train_budget = max(budget_s - (time.monotonic() - begin), 1.0)
+    if state_path.exists():  # a run that stopped: its own budget, not a new one
+        state = torch.load(state_path, weights_only=False)
+        draft.load_state_dict(state["draft"])
+        optimiser.load_state_dict(state["optimiser"])
+        step, spent, train_budget = state["step"], state["seconds"], state["budget"]
+    del target  # the draft trains alone
+    rng = np.random.default_rng(options.seed + step)
+    draft.train()
+    last_save = time.monotonic()
+    clock = time.monotonic()
+    try:
+        while spent < train_budget:
+            lr = learning_rate(options.lr, spent / train_budget)
+            for group in optimiser.param_groups:
+                group["lr"] = lr
+            picks = rng.choice(len(train), size=min(options.batch, len(train)), replace=False)
+            loss = batch_loss(draft, [train[i] for i in picks])
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            optimiser.step()
+            step += 1
+            now = time.monotonic()
+            spent += now - clock
+            clock = now
+            if progress:
+                progress("training", int(spent), int(train_budget))
+            if now - last_save > SAVE_EVERY_S:
+                _save_state(state_path, _state(draft, optimiser, step, spent, train_budget))
+                last_save = now
+    finally:  # Ctrl-C included: the next run continues from here
+        _save_state(state_path, _state(draft, optimiser, step, spent, train_budget))
+    draft.eval()
+    after = agreement(draft, held), agreement(draft, train[:TRAIN_SAMPLE])
+    packed = _pack(draft, tokenizer, work, output, name, dtype)
+    return DistillResult(
+        str(output),
+        str(work),
+        len(examples),
+        step,
+        round(spent, 1),
+        round(before[0], 4),
+        round(after[0], 4),
+        round(before[1], 4),
+        round(after[1], 4),
+        packed,
+    )
+
+
+def _state(draft: Any, optimiser: Any, step: int, spent: float, budget: float) -> dict[str, Any]:
+    return {
+        "draft": draft.state_dict(),
+        "optimiser": optimiser.state_dict(),
+        "step": step,
+        "seconds": spent,
+        "budget": budget,
+    }
+
+
+def _pack(
+    draft: Any, tokenizer: Any, work: Path, output: str | Path, name: str, dtype: str
+) -> dict[str, Any]:
+    from exstill_sdk.image.pack import pack_checkpoint
+
+    where = work / "draft"
+    draft.save_pretrained(where, safe_serialization=True)
+    tokenizer.save_pretrained(where)
+    return pack_checkpoint(where, output, name, dtype).to_dict()

@@ -1,0 +1,75 @@
+"""Training the draft to agree with the target on the target's own answers.
+
+The loss at each answer position is the cross-entropy of the draft against the target's
+distribution there, renormalised over the target's top-k tokens (data.py): KL(target || draft)
+up to a constant, the divergence whose minimum makes the draft's guesses the target's. Logits
+are computed only where an answer token is predicted (the output head is most of a small
+draft's cost: 49,152 x 576 for SmolLM2), and a long prompt keeps only its last ``max_len``
+tokens before the answer. AdamW, with the learning rate warmed up over the first 5% of the
+time budget and decayed on a cosine over the rest (time, not steps, is what the user gives).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from exstill_sdk.distill.data import Example
+
+MAX_LEN = 768
+
+
+def learning_rate(peak: float, progress: float) -> float:
+    """Warm-up over the first 5% of the budget, then cosine decay to a tenth of ``peak``."""
+    progress = min(max(progress, 0.0), 1.0)
+    if progress < 0.05:
+        return peak * (0.1 + 0.9 * progress / 0.05)
+    tail = (progress - 0.05) / 0.95
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * tail)))
+
+
+def batch_loss(draft: Any, batch: Sequence[Example], max_len: int = MAX_LEN) -> Any:
+    """Mean soft cross-entropy over every answer position of the batch."""
+    import torch
+
+    rows = []
+    for e in batch:
+        cut = max(0, e.start - max(1, max_len - (len(e.ids) - e.start)))
+        rows.append((e.ids[cut:], e.start - cut, e))
+    width = max(len(ids) for ids, _, _ in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    where_r, where_p, top_ids, top_logp = [], [], [], []
+    for r, (row_ids, start, e) in enumerate(rows):
+        ids[r, : len(row_ids)] = torch.from_numpy(row_ids.astype(np.int64))
+        mask[r, : len(row_ids)] = 1
+        answer = len(row_ids) - start
+        # the distribution for answer token i is predicted at position start + i - 1
+        where_r.append(torch.full((answer,), r, dtype=torch.long))
+        where_p.append(torch.arange(start - 1, start - 1 + answer))
+        top_ids.append(torch.from_numpy(e.top_ids.astype(np.int64)))
+        top_logp.append(torch.from_numpy(e.top_logp.astype(np.float32)))
+    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    picked = hidden[torch.cat(where_r), torch.cat(where_p)]
+    logq = torch.log_softmax(draft.lm_head(picked).float(), dim=-1)
+    want = torch.softmax(torch.cat(top_logp), dim=-1)  # renormalised over the top k
+    return -(want * logq.gather(1, torch.cat(top_ids))).sum(-1).mean()
+
+
+def agreement(draft: Any, examples: Sequence[Example], max_len: int = MAX_LEN) -> float:
+    """Share of answer positions where the draft's most likely token is the target's."""
+    import torch
+
+    hits = total = 0
+    with torch.no_grad():
+        for e in examples:
+            cut = max(0, e.start - max(1, max_len - (len(e.ids) - e.start)))
+            ids = torch.from_numpy(e.ids[cut:].astype(np.int64))[None]
+            logits = draft(input_ids=ids).logits[0, e.start - cut - 1 : -1]
+            guess = logits.argmax(-1).numpy()
+            hits += int((guess == e.top_ids[:, 0]).sum())
+            total += len(guess)
+    return hits / total if total else 0.0

@@ -15,7 +15,8 @@ distribution at every answer position.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,10 +149,18 @@ def examples_from(
 
 
 def self_written_prompts(
-    model: Any, tokenizer: Any, count: int, *, batch: int, seed: int, max_tokens: int = 96
+    model: Any,
+    tokenizer: Any,
+    count: int,
+    *,
+    batch: int,
+    seed: int,
+    deadline: float = float("inf"),
+    max_tokens: int = 96,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[str]:
-    """``count`` user prompts the target writes itself (module docstring), distinct and
-    non-empty."""
+    """Up to ``count`` user prompts the target writes itself (module docstring), distinct and
+    non-empty; fewer when ``deadline`` (time.monotonic) passes."""
     template = getattr(tokenizer, "chat_template", None)
     if template:
         rendered = tokenizer.apply_chat_template(
@@ -165,6 +174,8 @@ def self_written_prompts(
     found: dict[str, None] = {}
     attempt = 0
     while len(found) < count and attempt < 4 * count // batch + 4:
+        if attempt and time.monotonic() > deadline:
+            break
         answers, _ = generate(
             model, tokenizer, [start] * batch, max_tokens, sample=True, seed=seed + attempt
         )
@@ -174,4 +185,6 @@ def self_written_prompts(
             text = text.strip()
             if len(text) >= 8:
                 found.setdefault(text)
+        if progress:
+            progress("writing prompts", min(len(found), count), count)
     return list(found)[:count]

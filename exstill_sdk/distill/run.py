@@ -104,7 +104,14 @@ def _check_run(work: Path, options: DistillOptions) -> None:
         path.write_text(json.dumps(options.shaping(), indent=1))
 
 
-def _prompts(work: Path, options: DistillOptions, model: Any, tokenizer: Any) -> list[str]:
+def _prompts(
+    work: Path,
+    options: DistillOptions,
+    model: Any,
+    tokenizer: Any,
+    deadline: float,
+    progress: Report | None,
+) -> list[str]:
     path = work / "prompts.json"
     if path.exists():
         texts: list[str] = json.loads(path.read_text())
@@ -113,7 +120,13 @@ def _prompts(work: Path, options: DistillOptions, model: Any, tokenizer: Any) ->
         texts = [p.text for p in load_prompts(options.prompts)]
     else:
         texts = self_written_prompts(
-            model, tokenizer, options.examples, batch=options.gen_batch, seed=options.seed
+            model,
+            tokenizer,
+            options.examples,
+            batch=options.gen_batch,
+            seed=options.seed,
+            deadline=deadline,
+            progress=progress,
         )
     if not texts:
         raise InvalidArgumentError("no prompts to answer: give --prompts FILE")
@@ -195,7 +208,8 @@ def distill(
     torch.manual_seed(options.seed)
     tokenizer = load_tokenizer(options.target)
     target = load_model(options.target)
-    texts = _prompts(work, options, target, tokenizer)
+    # the target writing prompts takes up to half of the data's share, answering the rest
+    texts = _prompts(work, options, target, tokenizer, begin + DATA_SHARE * budget_s / 2, progress)
     examples = _gather(
         work, options, target, tokenizer, texts, begin + DATA_SHARE * budget_s, progress
     )

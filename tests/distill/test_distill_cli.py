@@ -108,3 +108,26 @@ def test_the_draft_starts_as_the_target_cut_down(target: Path) -> None:
     assert torch.equal(
         one.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight
     )
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_target_writes_its_own_prompts(target: Path, chat: bool) -> None:
+    import transformers as tf
+
+    from exstill_sdk.distill.data import self_written_prompts
+
+    model = tf.AutoModelForCausalLM.from_pretrained(target)
+    tokenizer = tf.AutoTokenizer.from_pretrained(target)
+    if chat:  # a chat template: the prompt is what the model writes in the user's turn
+        tokenizer.chat_template = (
+            "{% for m in messages %}<s> w1 w2 {{ m['content'] }} </s>{% endfor %}"
+            "{% if add_generation_prompt %}<s> w3{% endif %}"
+        )
+    seen = []
+    prompts = self_written_prompts(
+        model, tokenizer, 6, batch=4, seed=1, progress=lambda *a: seen.append(a)
+    )
+    assert len(prompts) == 6 and len(set(prompts)) == 6
+    assert all(p.strip() == p and len(p) >= 8 for p in prompts)
+    assert all(p.startswith("w") for p in prompts)  # the tiny vocabulary's words, no specials
+    assert seen[-1] == ("writing prompts", 6, 6)

@@ -164,6 +164,7 @@ class ExstillProposer:
         self.card: CardInterface | None = None
         self.rows: RowStreams | None = None
         self._collectors: list[Any] = []
+        self._mirror: Any = None
         self.output_rank: bool | None = None
         """Whether this process's drafts are the ones vLLM uses (known at load_model)."""
 
@@ -187,10 +188,13 @@ class ExstillProposer:
 
     def _export_metrics(self) -> None:
         """The rows' counts (and a pool's placement) in prometheus_client's default registry,
-        which a process serving /metrics with it exports; with EXSTILL_METRICS_LISTEN=HOST:PORT
-        also served from this process (vLLM v1 runs the proposer in its engine's worker)."""
+        which a process serving /metrics with it exports. vLLM v1 runs the proposer in its
+        engine's worker: with PROMETHEUS_MULTIPROC_DIR set they are copied for vLLM's own
+        /metrics (metrics/multiprocess.py), and with EXSTILL_METRICS_LISTEN=HOST:PORT served
+        from this process."""
         from prometheus_client import REGISTRY, start_http_server
 
+        from exstill_sdk.metrics.multiprocess import MultiprocessMirror, multiprocess_mode
         from exstill_sdk.metrics.prometheus import PoolCollector, RowsCollector
         from exstill_sdk.pool import CardPool
 
@@ -200,6 +204,8 @@ class ExstillProposer:
             self._collectors.append(PoolCollector(self.card))
         for collector in self._collectors:
             REGISTRY.register(collector)
+        if multiprocess_mode():  # vLLM's own /metrics reads this process's metrics
+            self._mirror = MultiprocessMirror(self._collectors)
         listen = os.environ.get(METRICS_ENV)
         if listen and ExstillProposer._metrics_server is None:
             host, _, port = listen.rpartition(":")
@@ -223,15 +229,21 @@ class ExstillProposer:
         if not self.output_rank:
             return [[] for _ in sampled_token_ids]
         assert self.rows is not None
-        return self.rows.propose(
+        drafts = self.rows.propose(
             sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.k, self.max_model_len
         )
+        if self._mirror is not None:
+            self._mirror.refresh()
+        return drafts
 
     def close(self) -> None:
         """Close the streams and the link. vLLM never calls it: when its worker exits the link
         drops, and the card frees the streams of a dropped link."""
         from prometheus_client import REGISTRY
 
+        if self._mirror is not None:
+            self._mirror.refresh(force=True)
+            self._mirror = None
         for collector in self._collectors:
             REGISTRY.unregister(collector)
         self._collectors = []

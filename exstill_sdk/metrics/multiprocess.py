@@ -1,0 +1,116 @@
+"""Collectors' values copied into prometheus_client's own metric objects, for another
+process's ``/metrics``.
+
+prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before it is imported)
+makes every Counter, Gauge and Histogram object write its values to files in that directory,
+and a ``MultiProcessCollector`` in the serving process reads them all. vLLM serves its
+``/metrics`` that way whenever the variable is set (``vllm.v1.metrics.prometheus``), while the
+Exstill proposer runs in an engine worker process. Custom collectors (prometheus.py) are
+read only in their own process, so ``MultiprocessMirror`` copies what they collect into such
+objects: counters by their increase since the last copy, gauges as they are, histograms by the
+increase of each bucket and of the sum. A copy is made at most every ``every_s`` seconds
+(``refresh``), so the round's path pays one clock read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+from prometheus_client import Histogram as PromHistogram
+from prometheus_client.registry import Collector
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_mode() -> bool:
+    """Whether prometheus_client writes this process's metrics for another to serve."""
+    return bool(os.environ.get(ENV))
+
+
+class MultiprocessMirror:
+    def __init__(self, collectors: Iterable[Collector], every_s: float = 1.0) -> None:
+        self.collectors = list(collectors)
+        self.every_s = every_s
+        self._next = 0.0
+        self._metrics: dict[str, Any] = {}
+        self._last: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def refresh(self, force: bool = False) -> None:
+        """Copy the collectors' values now (``force``) or if ``every_s`` has passed."""
+        now = time.monotonic()
+        if not force and now < self._next:
+            return
+        self._next = now + self.every_s
+        for collector in self.collectors:
+            for family in collector.collect():
+                self._copy(family)
+
+    def _metric(self, family: Any, labels: tuple[str, ...], bounds: list[float]) -> Any:
+        metric = self._metrics.get(family.name)
+        if metric is None:
+            if family.type == "counter":
+                metric = Counter(family.name, family.documentation, labels, registry=None)
+            elif family.type == "gauge":
+                metric = Gauge(
+                    family.name,
+                    family.documentation,
+                    labels,
+                    registry=None,
+                    multiprocess_mode="livesum",
+                )
+            else:
+                metric = PromHistogram(
+                    family.name, family.documentation, labels, registry=None, buckets=bounds
+                )
+            self._metrics[family.name] = metric
+        return metric
+
+    def _copy(self, family: Any) -> None:
+        if family.type not in ("counter", "gauge", "histogram"):
+            return
+        by_labels: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        for sample in family.samples:
+            own = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+            entry = by_labels.setdefault(own, {"buckets": []})
+            if sample.name.endswith("_bucket"):
+                entry["buckets"].append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_sum"):
+                entry["sum"] = sample.value
+            elif sample.name.endswith(("_created", "_count")):
+                continue
+            else:
+                entry["value"] = sample.value
+        for own, entry in by_labels.items():
+            names = tuple(k for k, _ in own)
+            values = tuple(v for _, v in own)
+            buckets = sorted(entry["buckets"])
+            metric = self._metric(family, names, [b for b, _ in buckets])
+            child = metric.labels(*values) if names else metric
+            key = (family.name, values)
+            if family.type == "gauge":
+                child.set(entry["value"])
+            elif family.type == "counter":
+                grown = entry["value"] - self._last.get(key, 0.0)
+                if grown > 0:
+                    child.inc(grown)
+                self._last[key] = entry["value"]
+            else:
+                counts = [c for _, c in buckets]  # cumulative, as the exposition has them
+                before = self._last.get(key) or ([0.0] * len(counts), 0.0)
+                per_bucket = [
+                    (c - (counts[i - 1] if i else 0)) - (b - (before[0][i - 1] if i else 0))
+                    for i, (c, b) in enumerate(zip(counts, before[0], strict=True))
+                ]
+                # prometheus_client has no public way to add a bucket's count: its children
+                # keep one value per bucket (_buckets) and the sum (_sum)
+                for value, grown in zip(child._buckets, per_bucket, strict=True):
+                    if grown > 0:
+                        value.inc(grown)
+                sum_grown = entry.get("sum", 0.0) - before[1]
+                if sum_grown > 0:
+                    child._sum.inc(sum_grown)
+                self._last[key] = (counts, entry.get("sum", 0.0))

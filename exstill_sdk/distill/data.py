@@ -11,6 +11,9 @@ distribution at every answer position.
   second pass is needed.
 - **What is kept**: per answer position the target's ``top_k`` most likely tokens and their
   log-probabilities (float16), the draft's training signal (train.py).
+- **On-policy answers**: halfway through training the draft answers some of the prompts
+  itself and the target scores those answers (``target_logits``), so that the draft also learns
+  where its own text leads it, which is where it drafts (DistillSpec).
 """
 
 from __future__ import annotations
@@ -123,6 +126,24 @@ def generate(
         answers.append(answer)
         kept.append(logits[row, : len(answer)].numpy())
     return answers, kept
+
+
+def target_logits(
+    model: Any, prompts: Sequence[list[int]], answers: Sequence[list[int]]
+) -> list[np.ndarray]:
+    """The target's raw logits at each answer position of answers someone else wrote (the
+    draft's own, for on-policy training): one forward pass over prompt and answer each."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for prompt, answer in zip(prompts, answers, strict=True):
+            if not answer:
+                out.append(np.zeros((0, 0), dtype=np.float32))
+                continue
+            ids = torch.tensor([prompt + answer[:-1]], dtype=torch.long)
+            out.append(model(input_ids=ids).logits[0, len(prompt) - 1 :].float().numpy())
+    return out
 
 
 def examples_from(

@@ -6,6 +6,7 @@ where it stopped:
 - ``run.json``: the options that shape the result (a run with other options is refused);
 - ``prompts.json``: the prompts, the user's or the target's own (data.py);
 - ``data/shard-NNNNN.npz``: the target's answers, one shard a batch of prompts;
+- ``data/on-policy.npz``: the draft's own answers, scored by the target (halfway through);
 - ``train.pt``: the draft, its optimiser and the time spent training, saved every minute;
 - ``draft/``: the draft as an HF checkpoint with the target's tokenizer, packed at the end.
 
@@ -31,6 +32,7 @@ from exstill_sdk.distill.data import (
     load_examples,
     save_examples,
     self_written_prompts,
+    target_logits,
 )
 from exstill_sdk.distill.model import draft_from_target
 from exstill_sdk.distill.train import agreement, batch_loss, learning_rate
@@ -39,6 +41,11 @@ from exstill_sdk.evaluation.prompts import Prompt, load_prompts
 from exstill_sdk.evaluation.target import encode, load_model, load_tokenizer
 
 DATA_SHARE = 0.4
+ON_POLICY_AT = 0.5
+"""Share of the training budget after which the draft answers prompts itself for the target to
+score (data.py)."""
+ON_POLICY_SHARE = 0.25
+"""Share of the prompts the draft answers then."""
 SAVE_EVERY_S = 60.0
 HELD_OUT = (8, 64)
 """Examples kept out of training to report the draft's agreement with the target: a twentieth
@@ -178,6 +185,43 @@ def _gather(
     return examples
 
 
+def _on_policy(
+    work: Path,
+    options: DistillOptions,
+    target: Any,
+    draft: Any,
+    tokenizer: Any,
+    texts: list[str],
+    progress: Report | None,
+) -> list[Any]:
+    """The draft answers a share of the prompts (greedy and sampled by turns), the target
+    scores its answers; saved as data/on-policy.npz."""
+    chosen = texts[: max(1, int(len(texts) * ON_POLICY_SHARE))]
+    step = options.gen_batch
+    batches = (len(chosen) + step - 1) // step
+    draft.eval()
+    examples = []
+    for b in range(batches):
+        batch = [encode(tokenizer, Prompt("distill", t)) for t in chosen[b * step :][:step]]
+        answers, _ = generate(
+            draft,
+            tokenizer,
+            batch,
+            options.answer_tokens,
+            sample=b % 2 == 1,
+            seed=options.seed + 100_000 + b,
+        )
+        logits = target_logits(target, batch, answers)
+        examples += examples_from(batch, answers, logits, options.top_k)
+        if progress:
+            progress("on-policy answers", b + 1, batches)
+    path = work / "data" / "on-policy.npz"
+    tmp = path.with_suffix(".tmp.npz")
+    save_examples(tmp, examples)
+    tmp.replace(path)
+    return examples
+
+
 def _save_state(path: Path, state: dict[str, Any]) -> None:
     import torch
 
@@ -231,13 +275,21 @@ def distill(
         draft.load_state_dict(state["draft"])
         optimiser.load_state_dict(state["optimiser"])
         step, spent, train_budget = state["step"], state["seconds"], state["budget"]
-    del target  # the draft trains alone
+    on_policy_done = (work / "data" / "on-policy.npz").exists()
+    if on_policy_done:
+        train += load_examples(work / "data" / "on-policy.npz")
     rng = np.random.default_rng(options.seed + step)
     draft.train()
     last_save = time.monotonic()
     clock = time.monotonic()
     try:
         while spent < train_budget:
+            if not on_policy_done and spent >= ON_POLICY_AT * train_budget:
+                train += _on_policy(work, options, target, draft, tokenizer, texts, progress)
+                draft.train()
+                on_policy_done = True
+                clock = time.monotonic()  # the target's scoring counts as training time
+
             lr = learning_rate(options.lr, spent / train_budget)
             for group in optimiser.param_groups:
                 group["lr"] = lr

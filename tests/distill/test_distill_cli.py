@@ -58,6 +58,9 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     assert len(shards) == 3  # 48 prompts, 16 a batch
     examples = load_examples(shards[0])
     assert all(e.top_ids.shape == (len(e.ids) - e.start, 16) for e in examples)
+    # halfway through training the draft answered a quarter of the prompts, scored by the target
+    own = load_examples(work / "data" / "on-policy.npz")
+    assert len(own) == 12 and all(e.top_ids.shape[1] == 16 for e in own)
     stamp = [s.stat().st_mtime_ns for s in shards]
 
     # run again: the data is reused and training goes on from where it stopped

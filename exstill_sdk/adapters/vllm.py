@@ -189,9 +189,9 @@ class ExstillProposer:
     def _export_metrics(self) -> None:
         """The rows' counts (and a pool's placement) in prometheus_client's default registry,
         which a process serving /metrics with it exports. vLLM v1 runs the proposer in its
-        engine's worker: with PROMETHEUS_MULTIPROC_DIR set they are copied for vLLM's own
-        /metrics (metrics/multiprocess.py), and with EXSTILL_METRICS_LISTEN=HOST:PORT served
-        from this process."""
+        engine's worker: with PROMETHEUS_MULTIPROC_DIR set they are copied every second for
+        vLLM's own /metrics (metrics/multiprocess.py), and with
+        EXSTILL_METRICS_LISTEN=HOST:PORT served from this process."""
         from prometheus_client import REGISTRY, start_http_server
 
         from exstill_sdk.metrics.multiprocess import MultiprocessMirror, multiprocess_mode
@@ -206,6 +206,7 @@ class ExstillProposer:
             REGISTRY.register(collector)
         if multiprocess_mode():  # vLLM's own /metrics reads this process's metrics
             self._mirror = MultiprocessMirror(self._collectors)
+            self._mirror.start()
         listen = os.environ.get(METRICS_ENV)
         if listen and ExstillProposer._metrics_server is None:
             host, _, port = listen.rpartition(":")
@@ -229,12 +230,9 @@ class ExstillProposer:
         if not self.output_rank:
             return [[] for _ in sampled_token_ids]
         assert self.rows is not None
-        drafts = self.rows.propose(
+        return self.rows.propose(
             sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.k, self.max_model_len
         )
-        if self._mirror is not None:
-            self._mirror.refresh()
-        return drafts
 
     def close(self) -> None:
         """Close the streams and the link. vLLM never calls it: when its worker exits the link
@@ -242,7 +240,7 @@ class ExstillProposer:
         from prometheus_client import REGISTRY
 
         if self._mirror is not None:
-            self._mirror.refresh(force=True)
+            self._mirror.stop()
             self._mirror = None
         for collector in self._collectors:
             REGISTRY.unregister(collector)

@@ -8,14 +8,14 @@ and a ``MultiProcessCollector`` in the serving process reads them all. vLLM serv
 Exstill proposer runs in an engine worker process. Custom collectors (prometheus.py) are
 read only in their own process, so ``MultiprocessMirror`` copies what they collect into such
 objects: counters by their increase since the last copy, gauges as they are, histograms by the
-increase of each bucket and of the sum. A copy is made at most every ``every_s`` seconds
-(``refresh``), so the round's path pays one clock read.
+increase of each bucket and of the sum. ``start`` copies every ``every_s`` seconds from a
+thread of its own, so the round's path pays nothing; ``stop`` makes a last copy.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,19 +35,38 @@ class MultiprocessMirror:
     def __init__(self, collectors: Iterable[Collector], every_s: float = 1.0) -> None:
         self.collectors = list(collectors)
         self.every_s = every_s
-        self._next = 0.0
         self._metrics: dict[str, Any] = {}
         self._last: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def refresh(self, force: bool = False) -> None:
-        """Copy the collectors' values now (``force``) or if ``every_s`` has passed."""
-        now = time.monotonic()
-        if not force and now < self._next:
-            return
-        self._next = now + self.every_s
-        for collector in self.collectors:
-            for family in collector.collect():
-                self._copy(family)
+    def refresh(self) -> None:
+        """Copy the collectors' values now."""
+        with self._lock:
+            for collector in self.collectors:
+                for family in collector.collect():
+                    self._copy(family)
+
+    def start(self) -> None:
+        """Copy every ``every_s`` seconds until ``stop``."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="exstill-metrics-mirror", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.refresh()
+
+    def stop(self) -> None:
+        """Stop copying, after a last copy."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        self.refresh()
 
     def _metric(self, family: Any, labels: tuple[str, ...], bounds: list[float]) -> Any:
         metric = self._metrics.get(family.name)

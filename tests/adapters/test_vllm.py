@@ -151,3 +151,104 @@ def test_tensor_parallel_ranks_share_one_stream_per_request(tmp_path: Path, back
     assert spec["spec_decode"]["vllm:spec_decode_num_accepted_tokens"] > 0
     assert card_stats["streams_opened"] == 4  # requests, not requests x ranks
     assert card_stats["streams_open"] == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, body: dict | None = None) -> str:
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=300) as r:
+        return r.read().decode()
+
+
+def test_vllm_serve_metrics_include_the_cards(tmp_path: Path) -> None:
+    """`vllm serve` (its OpenAI server) with PROMETHEUS_MULTIPROC_DIR set: the proposer's series
+    appear in vLLM's own /metrics, next to vLLM's spec-decode counters and equal to them."""
+    import time
+    import urllib.error
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    model = tmp_path / "model"
+    image = tiny_llama(model)
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    tokenizer.update(added_tokens=[], pre_tokenizer={"type": "Whitespace"})
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0"})
+    )
+    (tmp_path / "prom").mkdir()
+    emu = subprocess.Popen(
+        [sys.executable, "-m", "exstill_sdk.cli.emu", "--image", str(image), "--context", "1024"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    port = _free_port()
+    server = None
+    try:
+        assert emu.stdout is not None
+        card = emu.stdout.readline().strip()
+        spec = {
+            "method": "custom_class",
+            "model": "exstill_sdk.adapters.vllm.ExstillProposer",
+            "num_speculative_tokens": 4,
+        }
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        command += ["--model", str(model), "--port", str(port), "--max-model-len", "1024"]
+        command += ["--enforce-eager", "--dtype", "float32"]
+        command += ["--speculative-config", json.dumps(spec)]
+        command += ["--additional-config", json.dumps({"exstill": {"url": card}})]
+        server = subprocess.Popen(
+            command,
+            env={
+                **os.environ,
+                "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom"),
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "serve.log", "w"),  # noqa: SIM115 - closed with the process
+        )
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600  # readiness: the server's start, not a verdict
+        while True:
+            try:
+                _get(base + "/health")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "vllm serve did not start"
+                time.sleep(1)
+        request = {"model": str(model), "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 40}
+        reply = json.loads(_get(base + "/v1/completions", {**request, "temperature": 0}))
+        assert reply["choices"][0]["finish_reason"] == "length"
+        deadline = time.monotonic() + 60  # the proposer copies its metrics every second
+        while True:
+            samples = {
+                s.name: s.value
+                for family in text_string_to_metric_families(_get(base + "/metrics"))
+                for s in family.samples
+            }
+            drafts = samples.get("vllm:spec_decode_num_drafts_total", 0)
+            if drafts and samples.get("exstill_rows_commits_total") == drafts:
+                break
+            assert time.monotonic() < deadline, {
+                k: v for k, v in samples.items() if "exstill" in k or "spec_decode" in k
+            }
+            time.sleep(0.5)
+        assert samples["exstill_streams_opened_total"] == 1
+        assert samples["exstill_round_trip_seconds_count"] >= drafts
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(60)
+        emu.terminate()
+        emu.wait(30)

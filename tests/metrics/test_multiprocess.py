@@ -27,13 +27,14 @@ WORKER = textwrap.dedent(
     assert multiprocess_mode()
     with open_card("emu://") as card:
         decoder = SpeculativeDecoder(card, CycleTarget(), engine="lookup", k=4)
-        mirror = MultiprocessMirror([DecoderCollector(decoder)], every_s=3600)
+        mirror = MultiprocessMirror([DecoderCollector(decoder)], every_s=0.01)
+        mirror.start()  # copies from its own thread while the decoder runs
         prompts = [[5 + i, 6, 7, 5 + i, 6, 7] for i in range(4)]
         for n in (20, 33):  # two copies: the second adds only what grew
             results = decoder.generate_batch(prompts, n, stop_token_ids=[])
             assert [r.tokens for r in results] == [cycle_reference(p, n) for p in prompts]
-            mirror.refresh(force=True)
-        mirror.refresh()  # within every_s: copies nothing, changes nothing
+            mirror.refresh()
+        mirror.stop()  # a last copy
         own = [
             [s.name, dict(s.labels), s.value]
             for family in DecoderCollector(decoder).collect()

@@ -34,6 +34,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--minutes", type=float, default=60.0, help="time budget of the run (default 60)"
     )
+    p.add_argument(
+        "--steps", type=int, help="stop training after this many steps in all (default: the time)"
+    )
     p.add_argument("--dtype", choices=["f32", "f16", "int8"], default="f16", help="image dtype")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", help="where the run's state lives (default: under ~/.cache)")
@@ -55,6 +58,7 @@ def run_distill(args: argparse.Namespace) -> int:
         ("--examples", args.examples),
         ("--layers", args.layers),
         ("--answer-tokens", args.answer_tokens),
+        ("--steps", 1 if args.steps is None else args.steps),
     ):
         if value < 1:
             raise UsageError(f"{option} must be 1 or more")
@@ -89,6 +93,7 @@ def run_distill(args: argparse.Namespace) -> int:
             name=args.name or Path(args.target).stem,
             work_dir=work,
             minutes=args.minutes,
+            max_steps=args.steps,
             dtype=args.dtype,
             progress=progress,
         )

@@ -237,10 +237,12 @@ def distill(
     name: str,
     work_dir: str | Path,
     minutes: float = 60.0,
+    max_steps: int | None = None,
     dtype: str = "f16",
     progress: Report | None = None,
 ) -> DistillResult:
-    """Gather the target's answers, train the draft for the rest of the budget, pack it."""
+    """Gather the target's answers, train the draft for the rest of the budget (or to
+    ``max_steps`` steps in all, when that comes first), pack it."""
     import torch
 
     if minutes <= 0:
@@ -283,14 +285,19 @@ def distill(
     last_save = time.monotonic()
     clock = time.monotonic()
     try:
-        while spent < train_budget:
-            if not on_policy_done and spent >= ON_POLICY_AT * train_budget:
+
+        def done_share() -> float:  # how far training is, by time or by steps
+            share = spent / train_budget
+            return max(share, step / max_steps) if max_steps else share
+
+        while done_share() < 1.0:
+            if not on_policy_done and done_share() >= ON_POLICY_AT:
                 train += _on_policy(work, options, target, draft, tokenizer, texts, progress)
                 draft.train()
                 on_policy_done = True
                 clock = time.monotonic()  # the target's scoring counts as training time
 
-            lr = learning_rate(options.lr, spent / train_budget)
+            lr = learning_rate(options.lr, done_share())
             for group in optimiser.param_groups:
                 group["lr"] = lr
             picks = rng.choice(len(train), size=min(options.batch, len(train)), replace=False)

@@ -47,10 +47,11 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     work, image = tmp_path / "work", tmp_path / "draft.img"
     common = [str(target), "-o", str(image), "--prompts", str(prompts), "--examples", "48"]
     common += ["--answer-tokens", "24", "--work-dir", str(work), "--json", "--layers"]
-    first = _distill(*common, "1", "--minutes", "0.25")
+    # a fixed number of steps, well within the time: the verdict does not rest on the clock
+    first = _distill(*common, "1", "--minutes", "10", "--steps", "200")
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
-    assert report["examples"] == 48 and report["steps"] > 0
+    assert report["examples"] == 48 and report["steps"] == 200
     # it learns the target's answers (a random tiny target has nothing more general to learn)
     assert report["train_agreement_after"] > report["train_agreement_before"] + 0.2
     assert 0.0 <= report["agreement_after"] <= 1.0
@@ -64,9 +65,9 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     stamp = [s.stat().st_mtime_ns for s in shards]
 
     # run again: the data is reused and training goes on from where it stopped
-    again = _distill(*common, "1", "--minutes", "0.25")
+    again = _distill(*common, "1", "--minutes", "10", "--steps", "260")
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["steps"] >= report["steps"]
+    assert json.loads(again.stdout)["steps"] == 260
     assert [s.stat().st_mtime_ns for s in shards] == stamp
     other = _distill(*common, "2", "--minutes", "0.25")
     assert other.returncode == 2 and "other options (layers)" in json.loads(other.stdout)["error"]

@@ -66,7 +66,7 @@ def _plot(report: dict[str, Any], directory: Path) -> Path:
     import matplotlib.pyplot as plt
 
     directory.mkdir(parents=True, exist_ok=True)
-    groups = [g for g in next(iter(report["drafters"].values()))]
+    groups = list(next(iter(report["drafters"].values())))
     fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3.2), sharey=True)
     axes = axes if len(groups) > 1 else [axes]
     ks = list(range(1, report["max_k"] + 1))

@@ -21,9 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from exstill_sdk.evaluation.target import continuation_logits
 
 SENTINEL = "\x00exstill-prompt\x00"
 
@@ -40,16 +43,19 @@ class Example:
     """float16 [answer, k]: their log-probabilities under the target."""
 
 
-def save_examples(path: Any, examples: Sequence[Example]) -> None:
-    """One shard of examples as an .npz (concatenated, with offsets)."""
+def save_examples(path: Path, examples: Sequence[Example]) -> None:
+    """One shard of examples as an .npz (concatenated, with offsets), there whole or not at
+    all: written beside ``path``, then renamed over it."""
+    tmp = path.with_suffix(".tmp.npz")
     np.savez(
-        path,
+        tmp,
         ids=np.concatenate([e.ids for e in examples]),
         lengths=np.array([len(e.ids) for e in examples], dtype=np.int64),
         starts=np.array([e.start for e in examples], dtype=np.int64),
         top_ids=np.concatenate([e.top_ids for e in examples]),
         top_logp=np.concatenate([e.top_logp for e in examples]),
     )
+    tmp.replace(path)
 
 
 def load_examples(path: Any) -> list[Example]:
@@ -133,17 +139,12 @@ def target_logits(
 ) -> list[np.ndarray]:
     """The target's raw logits at each answer position of answers someone else wrote (the
     draft's own, for on-policy training): one forward pass over prompt and answer each."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for prompt, answer in zip(prompts, answers, strict=True):
-            if not answer:
-                out.append(np.zeros((0, 0), dtype=np.float32))
-                continue
-            ids = torch.tensor([prompt + answer[:-1]], dtype=torch.long)
-            out.append(model(input_ids=ids).logits[0, len(prompt) - 1 :].float().numpy())
-    return out
+    return [
+        continuation_logits(model, prompt, answer).numpy()
+        if answer
+        else np.zeros((0, 0), dtype=np.float32)
+        for prompt, answer in zip(prompts, answers, strict=True)
+    ]
 
 
 def examples_from(

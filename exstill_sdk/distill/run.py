@@ -69,7 +69,7 @@ class DistillOptions:
 
     def shaping(self) -> dict[str, Any]:
         """What a resumed run must share with the one it continues."""
-        return {k: v for k, v in asdict(self).items()}
+        return asdict(self)
 
 
 @dataclass
@@ -94,21 +94,18 @@ Report = Callable[[str, int, int], None]
 
 def _check_run(work: Path, options: DistillOptions) -> None:
     path = work / "run.json"
+    now = options.shaping()
     if path.exists():
         before = json.loads(path.read_text())
-        if before != options.shaping():
-            changed = sorted(
-                k
-                for k in before.keys() | options.shaping().keys()
-                if before.get(k) != options.shaping().get(k)
-            )
+        if before != now:
+            changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
             raise InvalidArgumentError(
                 f"{work} holds a run with other options ({', '.join(changed)}); give another "
                 "--work-dir, or --restart to start this one again"
             )
     else:
         work.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(options.shaping(), indent=1))
+        path.write_text(json.dumps(now, indent=1))
 
 
 def _prompts(
@@ -144,6 +141,15 @@ def _prompts(
     return texts
 
 
+def _batch_count(texts: list[str], size: int) -> int:
+    return (len(texts) + size - 1) // size
+
+
+def _encoded_batch(tokenizer: Any, texts: list[str], index: int, size: int) -> list[list[int]]:
+    """The ids of the ``index``-th batch of ``size`` prompts."""
+    return [encode(tokenizer, Prompt("distill", t)) for t in texts[index * size :][:size]]
+
+
 def _gather(
     work: Path,
     options: DistillOptions,
@@ -155,15 +161,14 @@ def _gather(
 ) -> list[Any]:
     data = work / "data"
     data.mkdir(exist_ok=True)
-    step = options.gen_batch
-    shards = (len(texts) + step - 1) // step
+    shards = _batch_count(texts, options.gen_batch)
     for shard in range(shards):
         path = data / f"shard-{shard:05d}.npz"
         if path.exists():
             continue
         if time.monotonic() > deadline and shard:
             break
-        batch = [encode(tokenizer, Prompt("distill", t)) for t in texts[shard * step :][:step]]
+        batch = _encoded_batch(tokenizer, texts, shard, options.gen_batch)
         sample = shard % 2 == 1  # greedy and sampled answers, alternately
         answers, logits = generate(
             model,
@@ -173,10 +178,7 @@ def _gather(
             sample=sample,
             seed=options.seed + shard,
         )
-        examples = examples_from(batch, answers, logits, options.top_k)
-        tmp = path.with_suffix(".tmp.npz")
-        save_examples(tmp, examples)
-        tmp.replace(path)  # a shard is there whole or not at all
+        save_examples(path, examples_from(batch, answers, logits, options.top_k))
         if progress:
             progress("answering prompts", shard + 1, shards)
     examples = []
@@ -197,12 +199,11 @@ def _on_policy(
     """The draft answers a share of the prompts (greedy and sampled by turns), the target
     scores its answers; saved as data/on-policy.npz."""
     chosen = texts[: max(1, int(len(texts) * ON_POLICY_SHARE))]
-    step = options.gen_batch
-    batches = (len(chosen) + step - 1) // step
+    batches = _batch_count(chosen, options.gen_batch)
     draft.eval()
     examples = []
     for b in range(batches):
-        batch = [encode(tokenizer, Prompt("distill", t)) for t in chosen[b * step :][:step]]
+        batch = _encoded_batch(tokenizer, chosen, b, options.gen_batch)
         answers, _ = generate(
             draft,
             tokenizer,
@@ -215,10 +216,7 @@ def _on_policy(
         examples += examples_from(batch, answers, logits, options.top_k)
         if progress:
             progress("on-policy answers", b + 1, batches)
-    path = work / "data" / "on-policy.npz"
-    tmp = path.with_suffix(".tmp.npz")
-    save_examples(tmp, examples)
-    tmp.replace(path)
+    save_examples(work / "data" / "on-policy.npz", examples)
     return examples
 
 
@@ -284,12 +282,12 @@ def distill(
     draft.train()
     last_save = time.monotonic()
     clock = time.monotonic()
+
+    def done_share() -> float:  # how far training is, by time or by steps
+        share = spent / train_budget
+        return max(share, step / max_steps) if max_steps else share
+
     try:
-
-        def done_share() -> float:  # how far training is, by time or by steps
-            share = spent / train_budget
-            return max(share, step / max_steps) if max_steps else share
-
         while done_share() < 1.0:
             if not on_policy_done and done_share() >= ON_POLICY_AT:
                 train += _on_policy(work, options, target, draft, tokenizer, texts, progress)

@@ -31,14 +31,18 @@ def learning_rate(peak: float, progress: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * tail)))
 
 
+def window(e: Example, max_len: int = MAX_LEN) -> tuple[np.ndarray, int]:
+    """An example's ids cut to at most ``max_len`` (the prompt's start goes, the answer stays,
+    one prompt token at least), and where its answer starts in them."""
+    cut = max(0, e.start - max(1, max_len - (len(e.ids) - e.start)))
+    return e.ids[cut:], e.start - cut
+
+
 def batch_loss(draft: Any, batch: Sequence[Example], max_len: int = MAX_LEN) -> Any:
     """Mean soft cross-entropy over every answer position of the batch."""
     import torch
 
-    rows = []
-    for e in batch:
-        cut = max(0, e.start - max(1, max_len - (len(e.ids) - e.start)))
-        rows.append((e.ids[cut:], e.start - cut, e))
+    rows = [(*window(e, max_len), e) for e in batch]
     width = max(len(ids) for ids, _, _ in rows)
     ids = torch.zeros((len(rows), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -66,9 +70,9 @@ def agreement(draft: Any, examples: Sequence[Example], max_len: int = MAX_LEN) -
     hits = total = 0
     with torch.no_grad():
         for e in examples:
-            cut = max(0, e.start - max(1, max_len - (len(e.ids) - e.start)))
-            ids = torch.from_numpy(e.ids[cut:].astype(np.int64))[None]
-            logits = draft(input_ids=ids).logits[0, e.start - cut - 1 : -1]
+            kept, start = window(e, max_len)
+            ids = torch.from_numpy(kept.astype(np.int64))[None]
+            logits = draft(input_ids=ids).logits[0, start - 1 : -1]
             guess = logits.argmax(-1).numpy()
             hits += int((guess == e.top_ids[:, 0]).sum())
             total += len(guess)

@@ -68,6 +68,16 @@ class Rounds:
         """Mean tokens kept per verification pass (1.0 for the target alone)."""
         return self.tokens / self.passes if self.passes else 0.0
 
+    def __add__(self, other: Rounds) -> Rounds:
+        """Both runs' passes and counts together (several prompts decoded with one K)."""
+        return Rounds(
+            self.passes + other.passes,
+            self.tokens + other.tokens,
+            self.reached + other.reached,
+            self.accepted + other.accepted,
+            self.covered + other.covered,
+        )
+
 
 def rounds(runs: np.ndarray, k: int, ranks: np.ndarray | None = None) -> Rounds:
     """Decode the continuation in passes drafting ``k`` tokens, given each position's run of

@@ -16,6 +16,7 @@ import numpy as np
 from exstill_firmware.engines.base import Sampling
 from exstill_firmware.engines.lookup import LookupEngine
 
+from exstill_sdk.evaluation.target import continuation_logits
 from exstill_sdk.protocol.messages import decode_tokens, encode_tokens
 
 LOOKUP = "prompt lookup"
@@ -26,9 +27,7 @@ def target_ranks(model: Any, prompt: list[int], continuation: list[int]) -> np.n
     the prompt and the continuation before it: the count of tokens scored strictly higher."""
     import torch
 
-    ids = torch.tensor([prompt + continuation[:-1]], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 :].float()
+    logits = continuation_logits(model, prompt, continuation)
     wanted = torch.tensor(continuation, dtype=torch.long)
     chosen = logits.gather(1, wanted[:, None])
     return (logits > chosen).sum(dim=1).numpy().astype(np.int64)

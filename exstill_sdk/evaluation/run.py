@@ -42,36 +42,20 @@ class _Tally:
     """Rounds summed over prompts, for each K."""
 
     prompts: int = 0
-    tokens: int = 0
-    passes: dict[int, int] = field(default_factory=dict)
-    deepest: Rounds | None = None
+    by_k: dict[int, Rounds] = field(default_factory=dict)
 
     def add(self, by_k: dict[int, Rounds]) -> None:
         self.prompts += 1
         for k, r in by_k.items():
-            self.passes[k] = self.passes.get(k, 0) + r.passes
-        self.tokens += next(iter(by_k.values())).tokens
-        top = by_k[max(by_k)]
-        if self.deepest is None:
-            self.deepest = top
-        else:
-            d = self.deepest
-            self.deepest = Rounds(
-                d.passes + top.passes,
-                d.tokens + top.tokens,
-                d.reached + top.reached,
-                d.accepted + top.accepted,
-                d.covered + top.covered,
-            )
+            self.by_k[k] = self.by_k[k] + r if k in self.by_k else r
 
     def report(self, model: bool) -> dict[str, Any]:
-        d = self.deepest
-        assert d is not None
+        d = self.by_k[max(self.by_k)]  # the counts by depth are the largest K's
         reached = np.maximum(d.reached, 1)
         out: dict[str, Any] = {
             "prompts": self.prompts,
-            "tokens": self.tokens,
-            "tau": {str(k): round(self.tokens / p, 4) for k, p in sorted(self.passes.items())},
+            "tokens": d.tokens,
+            "tau": {str(k): round(r.tau, 4) for k, r in sorted(self.by_k.items())},
             "acceptance_by_depth": [round(float(x), 4) for x in d.accepted / reached],
         }
         if model:

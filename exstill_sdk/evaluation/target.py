@@ -74,6 +74,16 @@ def encode(tokenizer: Any, prompt: Prompt) -> list[int]:
     return [int(i) for i in tokenizer(prompt.text)["input_ids"]]
 
 
+def continuation_logits(model: Any, prompt: list[int], continuation: list[int]) -> Any:
+    """``model``'s logits (a float32 torch tensor [len(continuation), vocab]) for each
+    continuation token, given the prompt and the continuation before it: one forward pass."""
+    import torch
+
+    ids = torch.tensor([prompt + continuation[:-1]], dtype=torch.long)
+    with torch.no_grad():
+        return model(input_ids=ids).logits[0, len(prompt) - 1 :].float()
+
+
 def greedy_continuation(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
     """The target's greedy continuation of ``prompt``, ``new_tokens`` long or up to its end of
     text."""

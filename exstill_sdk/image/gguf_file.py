@@ -201,6 +201,7 @@ class GgufCheckpoint:
         from gguf.quants import dequantize
 
         permuted = self.config.source == "llama"
+        shapes = self.config.tensor_shapes()
 
         def loader(name: str, tensor: Any) -> Callable[[], np.ndarray]:
             def load() -> np.ndarray:
@@ -209,7 +210,7 @@ class GgufCheckpoint:
                     value = np.asarray(tensor.data)
                 else:
                     value = dequantize(tensor.data, kind)
-                value = value.reshape(self.config.tensor_shapes()[name])
+                value = value.reshape(shapes[name])
                 if permuted and name.endswith(("attn.q.weight", "attn.q.bias")):
                     value = unpermute_rows(value, self.config.num_heads)
                 elif permuted and name.endswith(("attn.k.weight", "attn.k.bias")):

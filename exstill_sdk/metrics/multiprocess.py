@@ -120,15 +120,14 @@ class MultiprocessMirror:
             else:
                 counts = [c for _, c in buckets]  # cumulative, as the exposition has them
                 before = self._last.get(key) or ([0.0] * len(counts), 0.0)
-                per_bucket = [
-                    (c - (counts[i - 1] if i else 0)) - (b - (before[0][i - 1] if i else 0))
-                    for i, (c, b) in enumerate(zip(counts, before[0], strict=True))
-                ]
+                grown_up_to = [c - b for c, b in zip(counts, before[0], strict=True)]
                 # prometheus_client has no public way to add a bucket's count: its children
-                # keep one value per bucket (_buckets) and the sum (_sum)
-                for value, grown in zip(child._buckets, per_bucket, strict=True):
-                    if grown > 0:
-                        value.inc(grown)
+                # keep one value per bucket (_buckets, not cumulative) and the sum (_sum)
+                below = 0.0
+                for value, up_to in zip(child._buckets, grown_up_to, strict=True):
+                    if up_to - below > 0:
+                        value.inc(up_to - below)
+                    below = up_to
                 sum_grown = entry.get("sum", 0.0) - before[1]
                 if sum_grown > 0:
                     child._sum.inc(sum_grown)

@@ -39,6 +39,12 @@ class OnnxTarget(TargetAdapter):
         threads: int = 0,
     ) -> None:
         self.image = image if isinstance(image, CardImage) else open_image(image, verify=True)
+        if self.image.arch.head_size:
+            raise InvalidArgumentError(
+                f"image {self.image.target!r} has a frequency-ranked head "
+                f"({self.image.arch.head_size} of {self.image.arch.vocab_size} tokens): it is a "
+                "draft and cannot be a target, whose every token must be scorable"
+            )
         self.runner = OnnxDecoder(self.image, max_sequences, positions, threads)
         self.vocab_size = self.image.arch.vocab_size
         self.eos_token_ids = tuple(self.image.tokenizer.special_ids.get("eos", ()))

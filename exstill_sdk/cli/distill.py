@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
         "sampled; a draft made of the target's embedding, head and a few of its layers is "
         "trained to agree with the target's distribution on those answers, then packed as a "
         "card image in the target's tokenizer. Resumable: Ctrl-C, then the same command again "
-        "continues. docs/drafts.md.",
+        "continues. docs/distilling.md.",
     )
     p.add_argument("target", help="HF checkpoint directory or GGUF file")
     p.add_argument("-o", "--output", required=True, help="the draft image to write")
@@ -38,6 +38,12 @@ def add_parser(sub: Any) -> None:
         "--steps", type=int, help="stop training after this many steps in all (default: the time)"
     )
     p.add_argument("--dtype", choices=["f32", "f16", "int8"], default="f16", help="image dtype")
+    p.add_argument(
+        "--head",
+        type=int,
+        help="tokens the draft may propose, the target's most frequent (a frequency-ranked "
+        "head; default 16384 for a vocabulary of 16384 or more, else the whole; 0: the whole)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", help="where the run's state lives (default: under ~/.cache)")
     p.add_argument("--restart", action="store_true", help="discard the work dir's earlier run")
@@ -95,6 +101,7 @@ def run_distill(args: argparse.Namespace) -> int:
             minutes=args.minutes,
             max_steps=args.steps,
             dtype=args.dtype,
+            head=args.head,
             progress=progress,
         )
     except KeyboardInterrupt:
@@ -114,4 +121,9 @@ def run_distill(args: argparse.Namespace) -> int:
             f"({result.agreement_before:.1%} before training; {result.train_agreement_after:.1%} "
             "of training positions)"
         )
+        if result.head_coverage is not None:
+            print(
+                f"its head holds {result.head_size} tokens, {result.head_coverage:.1%} of the "
+                "target's held-out answer tokens"
+            )
     return EXIT_OK

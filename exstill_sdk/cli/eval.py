@@ -52,6 +52,11 @@ def _table(report: dict[str, Any]) -> str:
         row = groups["all"]
         depth = " ".join(f"{a:.2f}" for a in row["acceptance_by_depth"])
         lines.append(f"  {name[:18]:<18} {depth}")
+        if "head_coverage" in row:
+            lines.append(
+                f"  {'':<18} {row['head_coverage']:.3f} of the target's tokens are in the "
+                "draft's head"
+            )
         for width, shares in row.get("coverage_by_depth", {}).items():
             if width != "1":
                 cover = " ".join(f"{c:.2f}" for c in shares)

@@ -1,7 +1,7 @@
 """exstill-pack: make, inspect, verify and sign card images.
 
 exstill-pack CHECKPOINT_DIR|MODEL.gguf -o IMAGE --target NAME [--dtype f32|f16|int8]
-             [--sign-key KEY]
+             [--sign-key KEY] [--head-ids FILE]
 exstill-pack inspect IMAGE [--json]
 exstill-pack verify IMAGE [--trusted-keys DIR|FILE] [--json]
 exstill-pack sign IMAGE --key KEY [-o SIGNED_IMAGE] [--json]
@@ -41,6 +41,12 @@ def _pack_parser() -> argparse.ArgumentParser:
     p.add_argument("--sign-key", help="Ed25519 private key (PEM) to sign the image with")
     p.add_argument("--tokenizer", help="the target's tokenizer.json, if the checkpoint has none")
     p.add_argument("--image-version", default="1", help="version string stored in the image")
+    p.add_argument(
+        "--head-ids",
+        metavar="FILE",
+        help="a frequency-ranked head: keep only these tokens' output rows (a JSON list of "
+        "token ids, or one id a line; exstill distill writes one as head-ids.json)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return p
 
@@ -78,10 +84,11 @@ def _image_parser(command: str) -> argparse.ArgumentParser:
 
 
 def _pack(args: argparse.Namespace) -> dict[str, Any]:
-    from exstill_sdk.image.pack import pack_checkpoint
+    from exstill_sdk.image.pack import pack_checkpoint, read_head_ids
     from exstill_sdk.image.signing import load_private_key
 
     key = load_private_key(args.sign_key) if args.sign_key else None
+    head_ids = read_head_ids(args.head_ids) if args.head_ids else None
     result = pack_checkpoint(
         args.checkpoint,
         args.output,
@@ -91,6 +98,7 @@ def _pack(args: argparse.Namespace) -> dict[str, Any]:
         signing_key=key,
         tokenizer=args.tokenizer,
         progress=not args.json and sys.stderr.isatty(),
+        head_ids=head_ids,
     )
     return result.to_dict()
 
@@ -187,7 +195,8 @@ def _human(command: str, r: dict[str, Any]) -> str:
             "architecture",
             f"{arch['name']} from {arch['source'] or '?'}: {arch['num_layers']} layers, hidden "
             f"{arch['hidden_size']}, heads {arch['num_heads']}/{arch['num_kv_heads']} x "
-            f"{arch['head_dim']}, vocab {arch['vocab_size']}",
+            f"{arch['head_dim']}, vocab {arch['vocab_size']}"
+            + (f", output head {arch['head_size']} tokens" if arch.get("head_size") else ""),
         ),
         (
             "weights",

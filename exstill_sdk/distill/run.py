@@ -8,7 +8,8 @@ where it stopped:
 - ``data/shard-NNNNN.npz``: the target's answers, one shard a batch of prompts;
 - ``data/on-policy.npz``: the draft's own answers, scored by the target (halfway through);
 - ``train.pt``: the draft, its optimiser and the time spent training, saved every minute;
-- ``draft/``: the draft as an HF checkpoint with the target's tokenizer, packed at the end.
+- ``draft/``: the draft as an HF checkpoint with the target's tokenizer, packed at the end;
+- ``head-ids.json``: the frequency-ranked head's token ids (head.py), packed with it.
 
 The time budget (``minutes``) covers the whole run: gathering data stops at 40% of it (or when
 every prompt is answered), and training uses what remains. A continued run keeps the training
@@ -34,6 +35,7 @@ from exstill_sdk.distill.data import (
     self_written_prompts,
     target_logits,
 )
+from exstill_sdk.distill.head import coverage, default_size, frequency_ranked
 from exstill_sdk.distill.model import draft_from_target
 from exstill_sdk.distill.train import agreement, batch_loss, learning_rate
 from exstill_sdk.errors import InvalidArgumentError
@@ -85,6 +87,10 @@ class DistillResult:
     train_agreement_before: float
     train_agreement_after: float
     """The same over training answers: far above the held-out figure means too little data."""
+    head_size: int
+    """Tokens of the frequency-ranked head (0: the whole vocabulary; head.py)."""
+    head_coverage: float | None
+    """Share of held-out answer tokens inside the head."""
     pack: dict[str, Any]
 
 
@@ -237,10 +243,12 @@ def distill(
     minutes: float = 60.0,
     max_steps: int | None = None,
     dtype: str = "f16",
+    head: int | None = None,
     progress: Report | None = None,
 ) -> DistillResult:
     """Gather the target's answers, train the draft for the rest of the budget (or to
-    ``max_steps`` steps in all, when that comes first), pack it."""
+    ``max_steps`` steps in all, when that comes first), pack it with a frequency-ranked head
+    of ``head`` tokens (None: head.py's default for the vocabulary; 0: the whole)."""
     import torch
 
     if minutes <= 0:
@@ -317,7 +325,8 @@ def distill(
         _save_state(state_path, _state(draft, optimiser, step, spent, train_budget))
     draft.eval()
     after = agreement(draft, held), agreement(draft, train[:TRAIN_SAMPLE])
-    packed = _pack(draft, tokenizer, work, output, name, dtype)
+    head_ids = _head(work, target, tokenizer, train, head)
+    packed = _pack(draft, tokenizer, work, output, name, dtype, head_ids)
     return DistillResult(
         str(output),
         str(work),
@@ -328,8 +337,29 @@ def distill(
         round(after[0], 4),
         round(before[1], 4),
         round(after[1], 4),
+        len(head_ids or ()),
+        None if head_ids is None else round(coverage(held, head_ids), 4),
         packed,
     )
+
+
+def _head(
+    work: Path, target: Any, tokenizer: Any, train: list[Any], size: int | None
+) -> list[int] | None:
+    """The frequency-ranked head's ids, from the training examples (the held-out ones stay
+    out, so that its coverage of them is a fair figure); saved as head-ids.json, the file
+    ``exstill-pack --head-ids`` reads. None for the whole vocabulary."""
+    vocab = int(target.config.vocab_size)
+    size = default_size(vocab) if size is None else size
+    if size < 0:
+        raise InvalidArgumentError("--head must be 0 (the whole vocabulary) or more")
+    if not size or size >= vocab:
+        return None
+    eos = target.generation_config.eos_token_id
+    always = [*tokenizer.all_special_ids, *(eos if isinstance(eos, list) else [eos] if eos else [])]
+    ids = frequency_ranked(train, vocab, size, always)
+    (work / "head-ids.json").write_text(json.dumps(ids))
+    return ids
 
 
 def _state(draft: Any, optimiser: Any, step: int, spent: float, budget: float) -> dict[str, Any]:
@@ -343,11 +373,17 @@ def _state(draft: Any, optimiser: Any, step: int, spent: float, budget: float) -
 
 
 def _pack(
-    draft: Any, tokenizer: Any, work: Path, output: str | Path, name: str, dtype: str
+    draft: Any,
+    tokenizer: Any,
+    work: Path,
+    output: str | Path,
+    name: str,
+    dtype: str,
+    head_ids: list[int] | None,
 ) -> dict[str, Any]:
     from exstill_sdk.image.pack import pack_checkpoint
 
     where = work / "draft"
     draft.save_pretrained(where, safe_serialization=True)
     tokenizer.save_pretrained(where)
-    return pack_checkpoint(where, output, name, dtype).to_dict()
+    return pack_checkpoint(where, output, name, dtype, head_ids=head_ids).to_dict()

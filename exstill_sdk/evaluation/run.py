@@ -10,7 +10,9 @@ category and over all prompts:
   drafted token there was kept;
 - ``coverage_by_depth``: at the largest K, the share of passes reaching each depth whose target
   token was among the draft's 1, 2, 4, 8 most likely (what a tree that wide could keep; model
-  drafts only).
+  drafts only);
+- ``head_coverage``: for a draft with a frequency-ranked head, the share of the target's tokens
+  inside the head (the draft can never propose the others).
 """
 
 from __future__ import annotations
@@ -43,9 +45,15 @@ class _Tally:
 
     prompts: int = 0
     by_k: dict[int, Rounds] = field(default_factory=dict)
+    continuation: int = 0
+    in_head: int | None = None
+    """Continuation tokens inside the draft's frequency-ranked head (None: no head)."""
 
-    def add(self, by_k: dict[int, Rounds]) -> None:
+    def add(self, by_k: dict[int, Rounds], tokens: int, in_head: int | None) -> None:
         self.prompts += 1
+        self.continuation += tokens
+        if in_head is not None:
+            self.in_head = (self.in_head or 0) + in_head
         for k, r in by_k.items():
             self.by_k[k] = self.by_k[k] + r if k in self.by_k else r
 
@@ -63,12 +71,16 @@ class _Tally:
                 str(w): [round(float(x), 4) for x in d.covered[i] / reached]
                 for i, w in enumerate(COVERAGE_KS)
             }
+        if self.in_head is not None:
+            out["head_coverage"] = round(self.in_head / max(self.continuation, 1), 4)
         return out
 
 
-def _drafts(paths: Sequence[str | Path], tokenizer: Any) -> dict[str, Any]:
+def _drafts(
+    paths: Sequence[str | Path], tokenizer: Any
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Each draft image as a transformers model, once every image is known to be made in the
-    target's tokenizer."""
+    target's tokenizer; and the head ids of those with a frequency-ranked head."""
     from exstill_sdk.image.hf import to_hf_model
     from exstill_sdk.image.reader import open_image
     from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
@@ -82,11 +94,13 @@ def _drafts(paths: Sequence[str | Path], tokenizer: Any) -> dict[str, Any]:
                 f"draft {path} was packed for another tokenizer ({differs}): a draft must be "
                 "made in its target's tokenizer"
             )
-    models = {}
+    models, heads = {}, {}
     for path in paths:
         with open_image(path) as image:
             models[Path(path).stem] = to_hf_model(image)
-    return models
+            if image.head_ids is not None:
+                heads[Path(path).stem] = image.head_ids.copy()
+    return models, heads
 
 
 def evaluate(
@@ -106,7 +120,7 @@ def evaluate(
     if not drafts and not lookup:
         raise InvalidArgumentError("nothing to measure: give a --draft, or keep prompt lookup")
     tokenizer = load_tokenizer(target)
-    models = _drafts(drafts, tokenizer)
+    models, heads = _drafts(drafts, tokenizer)
     model = load_model(target)
     names = list(models) + ([LOOKUP] if lookup else [])
     tallies: dict[str, dict[str, _Tally]] = {name: {} for name in names}
@@ -124,8 +138,10 @@ def evaluate(
                     ranks = target_ranks(models[name], ids, continuation)
                     runs = runs_from_matches(ranks == 0, max_k)
                 by_k = {k: rounds(runs, k, ranks if k == max_k else None) for k in ks}
+                head = heads.get(name)
+                in_head = None if head is None else int(np.isin(y, head).sum())
                 for group in (prompt.category, ALL):
-                    tallies[name].setdefault(group, _Tally()).add(by_k)
+                    tallies[name].setdefault(group, _Tally()).add(by_k, len(y), in_head)
         if progress:
             progress(done + 1, len(prompts))
     return {

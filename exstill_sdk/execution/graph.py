@@ -334,12 +334,14 @@ def build_decoder(
     final = rms_norm(
         g.op("Gather", [flat, "logit_rows"], "logit_rows_x", axis=0)[0], "norm.weight", "final_norm"
     )
-    head = "embed.weight" if arch.tie_embeddings else "lm_head.weight"
+    head = "embed.weight" if arch.tie_embeddings and not arch.head_size else "lm_head.weight"
     if int8:
         int8_matmul(final, [head])
     else:
         g.op("Gemm", [final, f32_weight(head)], "lm_head", transB=1)
-    g.nodes[-1].output[0] = "logits"  # the output projection writes the graph output
+    if image.head_ids is not None:
+        _spread_head(g, g.nodes[-1].output[0], image.head_ids, arch.vocab_size)
+    g.nodes[-1].output[0] = "logits"  # the last op writes the graph output
     g.outputs.insert(
         0, helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", arch.vocab_size])
     )
@@ -351,6 +353,24 @@ def build_decoder(
     )
     model.ir_version = 9
     return model
+
+
+def _spread_head(g: GraphBuilder, head_logits: str, ids: np.ndarray, vocab: int) -> None:
+    """A frequency-ranked head's logits [M, head] to the whole vocabulary's [M, vocab]: each
+    target id takes its head row's logit, or minus infinity (probability 0) from a column
+    appended for the ids the head lacks, so everything after the graph sees target ids."""
+    column = np.full(vocab, len(ids), np.int64)
+    column[ids] = np.arange(len(ids))
+    padded = g.op(
+        "Pad",
+        [
+            head_logits,
+            g.const("head_pads", np.array([0, 0, 0, 1], np.int64)),
+            g.const("head_absent", np.array(-np.inf, np.float32)),
+        ],
+        "head_padded",
+    )[0]
+    g.op("Gather", [padded, g.const("head_columns", column)], "head_spread", axis=1)
 
 
 def _attention(

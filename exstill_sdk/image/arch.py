@@ -71,6 +71,11 @@ class DecoderConfig:
     """0: full attention. Otherwise the source model's window (the engine may honour it)."""
     source: str = ""
     """The checkpoint family it was packed from (llama, mistral, qwen2, qwen3)."""
+    head_size: int = 0
+    """0: the output projection covers the whole vocabulary. Otherwise a frequency-ranked head
+    (FR-Spec): ``lm_head.weight`` holds this many rows, for the target ids the image lists in
+    metadata ``head.ids``; the draft never proposes another token (the target still verifies
+    every one, so output is unchanged)."""
 
     def __post_init__(self) -> None:
         for name in ("rms_norm_eps", "rope_theta"):  # accept ints where floats are meant
@@ -90,6 +95,8 @@ class DecoderConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or not 1 <= value <= 1 << 24:
                 raise ValueError(f"{name} must be an integer in 1..2**24, not {value!r}")
+        if not isinstance(self.head_size, int) or not 0 <= self.head_size <= self.vocab_size:
+            raise ValueError(f"head_size must be 0..vocab_size, not {self.head_size!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
@@ -127,13 +134,17 @@ class DecoderConfig:
             out[p + "mlp.up.weight"] = (self.intermediate_size, h)
             out[p + "mlp.down.weight"] = (h, self.intermediate_size)
         out["norm.weight"] = (h,)
-        if not self.tie_embeddings:
+        if self.head_size:
+            out["lm_head.weight"] = (self.head_size, h)
+        elif not self.tie_embeddings:
             out["lm_head.weight"] = (self.vocab_size, h)
         return out
 
     def to_metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"arch.name": ARCH_NAME}
         for f in fields(self):
+            if f.name == "head_size" and not self.head_size:
+                continue  # images with a whole-vocabulary head stay as they were
             if f.name == "rope_scaling":
                 for key, value in asdict(self.rope_scaling).items():
                     out[f"arch.rope_scaling.{key}"] = value

@@ -33,7 +33,7 @@ def hf_config(arch: DecoderConfig) -> Any:
         head_dim=arch.head_dim,
         rms_norm_eps=arch.rms_norm_eps,
         max_position_embeddings=arch.max_position_embeddings,
-        tie_word_embeddings=arch.tie_embeddings,
+        tie_word_embeddings=arch.tie_embeddings and not arch.head_size,
         hidden_act="silu",
     )
     rope: dict[str, Any] = {"rope_type": arch.rope_scaling.type, "rope_theta": arch.rope_theta}
@@ -78,10 +78,29 @@ def to_hf_model(image: CardImage, attn_implementation: str = "eager") -> Any:
         if value.dtype == np.int8:
             value = dequantize_rows(value, image.tensor(name + ".scale"))
         state[hf_name(name)] = torch.from_numpy(value.astype(np.float32))
+    if image.head_ids is not None:
+        _spread_head(model, state, image.head_ids)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (image.arch.tie_embeddings and m == "lm_head.weight")]
+    tied = model.config.tie_word_embeddings
+    missing = [m for m in missing if not (tied and m == "lm_head.weight")]
     if missing or unexpected:
         raise CheckpointError(f"image and HF model disagree: missing {missing}, extra {unexpected}")
-    if image.arch.tie_embeddings:
+    if tied:
         model.tie_weights()
     return model.eval()
+
+
+def _spread_head(model: Any, state: dict[str, Any], ids: np.ndarray) -> None:
+    """A frequency-ranked head as the whole vocabulary's: its rows at their target ids, and
+    the other ids' logits set to minus infinity (by a hook on the output projection), as the
+    card's graph does (exstill_sdk/execution/graph.py)."""
+    import torch
+
+    rows = state["lm_head.weight"]
+    full = torch.zeros((model.config.vocab_size, rows.shape[1]), dtype=rows.dtype)
+    index = torch.tensor(ids.tolist(), dtype=torch.long)
+    full[index] = rows
+    state["lm_head.weight"] = full
+    absent = torch.full((model.config.vocab_size,), float("-inf"))
+    absent[index] = 0.0
+    model.get_output_embeddings().register_forward_hook(lambda _m, _i, out: out + absent)

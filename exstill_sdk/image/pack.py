@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +15,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tqdm import tqdm
 
 from exstill_sdk.errors import CheckpointError
+from exstill_sdk.image.arch import DecoderConfig
 from exstill_sdk.image.checkpoint import Checkpoint, read_checkpoint
-from exstill_sdk.image.format import DType
+from exstill_sdk.image.format import MAX_ARRAY_ITEMS, DType
 from exstill_sdk.image.gguf_file import GgufCheckpoint, is_gguf, read_gguf
 from exstill_sdk.image.quantize import quantize_rows
+from exstill_sdk.image.reader import HEAD_IDS
 from exstill_sdk.image.tokenizer import fingerprint_to_metadata
 from exstill_sdk.image.writer import ImageWriter, TensorSpec, WrittenImage
 
@@ -64,9 +68,10 @@ def read_source(
     return read_checkpoint(source, tokenizer)
 
 
-def _specs(ckpt: Checkpoint | GgufCheckpoint, dtype: str) -> list[TensorSpec]:
+def tensor_specs(config: DecoderConfig, dtype: str) -> list[TensorSpec]:
+    """Every tensor an image of ``config`` packed as ``dtype`` holds, in file order."""
     specs = []
-    for name, shape in ckpt.config.tensor_shapes().items():
+    for name, shape in config.tensor_shapes().items():
         if len(shape) == 2:
             specs.append(TensorSpec(name, _MATRIX_DTYPE[dtype], shape))
             if dtype == "int8":
@@ -89,6 +94,55 @@ def _convert(name: str, value: np.ndarray, dtype: str) -> list[tuple[str, np.nda
     return [(name, q), (name + ".scale", scale)]
 
 
+def check_head_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """A frequency-ranked head's target ids, as a list; CheckpointError when they are not
+    distinct ids of the vocabulary or too many for an image."""
+    out = [int(i) for i in ids]
+    if not 1 <= len(out) <= min(vocab_size, MAX_ARRAY_ITEMS):
+        raise CheckpointError(
+            f"a head must hold 1..{min(vocab_size, MAX_ARRAY_ITEMS)} token ids, not {len(out)}"
+        )
+    if min(out) < 0 or max(out) >= vocab_size or len(set(out)) != len(out):
+        raise CheckpointError(f"head ids must be distinct ids in 0..{vocab_size - 1}")
+    return out
+
+
+def read_head_ids(path: str | Path) -> list[int]:
+    """Token ids from a file: a JSON list, or one id a line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read head ids from {path}: {exc.strerror}") from None
+    try:
+        ids = json.loads(text) if text.lstrip().startswith("[") else text.split()
+        return [int(i) for i in ids]
+    except (ValueError, TypeError):
+        raise CheckpointError(
+            f"{path} must hold token ids: a JSON list of integers, or one integer a line"
+        ) from None
+
+
+def _tensors(
+    ckpt: Checkpoint | GgufCheckpoint, head_ids: list[int] | None
+) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
+    """The checkpoint's tensors in file order; with a head, the output projection (the
+    embedding, when tied) cut to the head's rows, last."""
+    if head_ids is None:
+        yield from ckpt.load()
+        return
+    rows = np.array(head_ids, np.int64)
+    source = "embed.weight" if ckpt.config.tie_embeddings else "lm_head.weight"
+    head: Callable[[], np.ndarray] | None = None
+    for name, load in ckpt.load():
+        if name == source:
+            head = load
+        if name != "lm_head.weight":
+            yield name, load
+    assert head is not None  # the checkpoint readers check that every tensor is there
+    whole = head
+    yield "lm_head.weight", lambda: np.asarray(whole())[rows]
+
+
 def pack_checkpoint(
     source: str | Path,
     output: str | Path,
@@ -99,7 +153,10 @@ def pack_checkpoint(
     signing_key: Ed25519PrivateKey | None = None,
     tokenizer: str | Path | None = None,
     progress: bool = False,
+    head_ids: Sequence[int] | None = None,
 ) -> PackResult:
+    """Pack ``source`` into an image for ``target``; with ``head_ids``, the output head keeps
+    only those tokens' rows (a frequency-ranked head, docs/image-format.md)."""
     if dtype not in DTYPES:
         raise CheckpointError(
             f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}"
@@ -108,6 +165,10 @@ def pack_checkpoint(
         raise CheckpointError("the target name must be 1..64 bytes")
     start = time.perf_counter()
     ckpt = read_source(source, tokenizer)
+    config, ids = ckpt.config, None
+    if head_ids is not None:
+        ids = check_head_ids(head_ids, config.vocab_size)
+        config = replace(config, head_size=len(ids))
     from exstill_sdk.version import __version__
 
     metadata: dict[str, Any] = {
@@ -115,12 +176,14 @@ def pack_checkpoint(
         "image.version": image_version,
         "image.created_by": f"exstill-pack {__version__}",
         "quant.dtype": dtype,
-        **ckpt.config.to_metadata(),
+        **config.to_metadata(),
         **fingerprint_to_metadata(ckpt.tokenizer),
     }
+    if ids is not None:
+        metadata[HEAD_IDS] = ids
     if dtype == "int8":
         metadata["quant.scheme"] = "symmetric-per-row"
-    specs = _specs(ckpt, dtype)
+    specs = tensor_specs(config, dtype)
     bar = tqdm(
         total=sum(s.nbytes for s in specs),
         unit="B",
@@ -131,7 +194,7 @@ def pack_checkpoint(
     )
     try:
         with ImageWriter(output, metadata, specs) as writer:  # a failure removes the partial file
-            for name, load in ckpt.load():
+            for name, load in _tensors(ckpt, ids):
                 for out_name, array in _convert(name, load(), dtype):
                     writer.write(out_name, array)
                     bar.update(array.nbytes)

@@ -47,6 +47,7 @@ from exstill_sdk.image.schema import HEADER, TENSOR, TRAILER, TRAILER_SIGNED
 from exstill_sdk.image.signing import TrustedKeys, check_signature
 from exstill_sdk.image.tokenizer import TokenizerFingerprint, fingerprint_from_metadata
 
+HEAD_IDS = "head.ids"
 QUANT_DTYPES = {"f32": DType.F32, "f16": DType.F16, "int8": DType.I8}
 HASH_CHUNK = 16 << 20
 
@@ -82,6 +83,21 @@ def _str_meta(meta: Mapping[str, MetaValue], key: str) -> str:
     if not isinstance(value, str):
         raise _fail(f"metadata {key!r} is missing or not a string")
     return value
+
+
+def _head_ids(meta: Mapping[str, MetaValue], arch: DecoderConfig) -> np.ndarray | None:
+    ids = meta.get(HEAD_IDS)
+    if not arch.head_size:
+        if ids is not None:
+            raise _fail(f"metadata {HEAD_IDS!r} is set but arch.head_size is 0")
+        return None
+    if not isinstance(ids, list) or len(ids) != arch.head_size:
+        raise _fail(f"metadata {HEAD_IDS!r} must list arch.head_size ({arch.head_size}) ids")
+    out = np.array(ids, np.int64)
+    if out.max() >= arch.vocab_size or len(np.unique(out)) != len(out):
+        raise _fail(f"metadata {HEAD_IDS!r} must hold distinct ids below the vocabulary size")
+    out.flags.writeable = False
+    return out
 
 
 class CardImage:
@@ -203,6 +219,9 @@ class CardImage:
         if self.quant not in QUANT_DTYPES:
             raise _fail(f"quant.dtype {self.quant!r} is not one of {', '.join(QUANT_DTYPES)}")
         self.arch = DecoderConfig.from_metadata(meta)
+        self.head_ids = _head_ids(meta, self.arch)
+        """Target ids of the output head's rows (a frequency-ranked head), or None when the
+        head covers the whole vocabulary."""
         self.tokenizer: TokenizerFingerprint = fingerprint_from_metadata(meta)
         expected: dict[str, tuple[int, tuple[int, ...]]] = {}
         for name, shape in self.arch.tensor_shapes().items():

@@ -48,10 +48,16 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     common = [str(target), "-o", str(image), "--prompts", str(prompts), "--examples", "48"]
     common += ["--answer-tokens", "24", "--work-dir", str(work), "--json", "--layers"]
     # a fixed number of steps, well within the time: the verdict does not rest on the clock
-    first = _distill(*common, "1", "--minutes", "10", "--steps", "200")
+    first = _distill(*common, "1", "--minutes", "10", "--steps", "200", "--head", "48")
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
     assert report["examples"] == 48 and report["steps"] == 200
+    # a frequency-ranked head of half the vocabulary, its ids kept for exstill-pack --head-ids
+    head = json.loads((work / "head-ids.json").read_text())
+    assert report["head_size"] == len(head) == 48 and {0, 1, 2} <= set(head)
+    assert 0.0 < report["head_coverage"] <= 1.0
+    with open_image(image) as img:
+        assert img.head_ids.tolist() == head
     # it learns the target's answers (a random tiny target has nothing more general to learn)
     assert report["train_agreement_after"] > report["train_agreement_before"] + 0.2
     assert 0.0 <= report["agreement_after"] <= 1.0
@@ -68,6 +74,9 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     again = _distill(*common, "1", "--minutes", "10", "--steps", "260")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["steps"] == 260
+    # the draft's greedy output is checked below with the head packed again (another option)
+    headed = _distill(*common, "1", "--minutes", "10", "--steps", "260", "--head", "48")
+    assert headed.returncode == 0 and json.loads(headed.stdout)["head_size"] == 48
     assert [s.stat().st_mtime_ns for s in shards] == stamp
     other = _distill(*common, "2", "--minutes", "0.25")
     assert other.returncode == 2 and "other options (layers)" in json.loads(other.stdout)["error"]

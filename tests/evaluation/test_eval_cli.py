@@ -16,6 +16,9 @@ from ..image.checkpoints import save_model
 
 pytest.importorskip("transformers")
 
+HEAD = list(range(0, 96, 2))
+"""A frequency-ranked head of the even ids, for the target drafting for itself."""
+
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -24,6 +27,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     other = save_model(root / "other", "llama", scale=0.5, seed=1)
     pack_checkpoint(target, root / "self.img", "tiny")
     pack_checkpoint(other, root / "other.img", "tiny")
+    pack_checkpoint(target, root / "selfhead.img", "tiny", head_ids=HEAD)
     prompts = root / "prompts.jsonl"
     prompts.write_text(
         "".join(
@@ -38,6 +42,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "target": target,
         "self": root / "self.img",
         "other": root / "other.img",
+        "selfhead": root / "selfhead.img",
         "prompts": prompts,
     }
 
@@ -58,6 +63,8 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
         str(pair["self"]),
         "--draft",
         str(pair["other"]),
+        "--draft",
+        str(pair["selfhead"]),
         "--prompts",
         str(pair["prompts"]),
         "--new-tokens",
@@ -69,7 +76,7 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     drafters = report["drafters"]
-    assert list(drafters) == ["self", "other", "prompt lookup"]
+    assert list(drafters) == ["self", "other", "selfhead", "prompt lookup"]
     for groups in drafters.values():
         assert list(groups) == ["a", "b", "all"]
         assert groups["a"]["prompts"] == 2 and groups["all"]["prompts"] == 3
@@ -86,6 +93,24 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
     assert cover["1"] == other["acceptance_by_depth"]
     assert all(c8 >= c1 for c1, c8 in zip(cover["1"], cover["8"], strict=True))
     assert "coverage_by_depth" not in drafters["prompt lookup"]["all"]
+    # the target with half its head: it drafts the target's token exactly when it is in the head
+    from exstill_sdk.evaluation.prompts import load_prompts
+    from exstill_sdk.evaluation.target import (
+        encode,
+        greedy_continuation,
+        load_model,
+        load_tokenizer,
+    )
+
+    tokenizer, model = load_tokenizer(pair["target"]), load_model(pair["target"])
+    continuations = [
+        greedy_continuation(model, encode(tokenizer, p), 24) for p in load_prompts(pair["prompts"])
+    ]
+    inside = sum(t in HEAD for c in continuations for t in c)
+    headed = drafters["selfhead"]["all"]
+    assert headed["head_coverage"] == round(inside / sum(map(len, continuations)), 4)
+    assert 0 < headed["head_coverage"] < 1 and headed["tau"]["6"] < itself["tau"]["6"]
+    assert all("head_coverage" not in drafters[d]["all"] for d in ("self", "other"))
 
     table = _eval(
         "--target",

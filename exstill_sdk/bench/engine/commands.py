@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from exstill_sdk.cli.support import Subcommands
+from exstill_sdk.cli.support import Subcommands, comma_numbers
 
 
 def register(sub: Subcommands) -> None:
@@ -20,6 +20,12 @@ def register(sub: Subcommands) -> None:
     en.add_argument("--k", type=int, default=8, help="tokens drafted per round (default 8)")
     en.add_argument("--rounds", type=int, default=40, help="timed rounds (default 40)")
     en.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    en.add_argument(
+        "--head",
+        default="",
+        metavar="N[,N...]",
+        help="also time the same weights with a frequency-ranked head of N tokens",
+    )
     en.add_argument("--json", action="store_true", help="print one JSON object")
     en.set_defaults(handler=_engine)
 
@@ -28,5 +34,10 @@ def _engine(args: argparse.Namespace) -> dict[str, Any]:
     from exstill_sdk.bench.engine import cost
 
     return cost.run(
-        args.image, synthetic=args.synthetic, k=args.k, rounds=args.rounds, hf=not args.no_hf
+        args.image,
+        synthetic=args.synthetic,
+        k=args.k,
+        rounds=args.rounds,
+        hf=not args.no_hf,
+        heads=comma_numbers("--head", args.head) if args.head else (),
     )

@@ -19,7 +19,8 @@ import statistics
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,22 +96,30 @@ def run(
     k: int = 8,
     rounds: int = 40,
     hf: bool = True,
+    heads: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """Benchmark an image, or a synthetic Llama draft ``LAYERSxHIDDEN`` (vocab 32000)."""
+    """Benchmark an image, or a synthetic Llama draft ``LAYERSxHIDDEN`` (vocab 32000); with
+    ``heads``, the same weights with a frequency-ranked head of each size too (ids 0..N-1:
+    the cost depends on the size only), interleaved with the whole head."""
     from exstill_firmware.engines.transformer import TransformerEngine
 
     from exstill_sdk.harness.synthetic import image_or_synthetic
     from exstill_sdk.image import open_image
+    from exstill_sdk.image.head import cut_head
 
     with tempfile.TemporaryDirectory(prefix="exstill-bench-engine-") as tmp:
         path = image_or_synthetic(Path(tmp), image_path, synthetic, "an image")
         image = open_image(path, verify=True)
         arch = image.arch
-        engine = TransformerEngine(image, rows=13, positions=POSITIONS)  # 1 + 12 streams
-        sources: dict[str, Callable[[], Iterator[float]]] = {
-            "one": lambda: _engine_rounds(engine, 1, k, arch.vocab_size),
-            "twelve": lambda: _engine_rounds(engine, 12, k, arch.vocab_size),
-        }
+        variants = {"": image}
+        for size in heads:
+            cut = cut_head(image, range(size), Path(tmp) / f"head-{size}.img")
+            variants[f"@{size}"] = open_image(cut.path)
+        sources: dict[str, Callable[[], Iterator[float]]] = {}
+        for suffix, variant in variants.items():
+            engine = TransformerEngine(variant, rows=13, positions=POSITIONS)  # 1 + 12 streams
+            sources["one" + suffix] = partial(_engine_rounds, engine, 1, k, arch.vocab_size)
+            sources["twelve" + suffix] = partial(_engine_rounds, engine, 12, k, arch.vocab_size)
         hf_error = None
         if hf:
             try:
@@ -122,7 +131,9 @@ def run(
                 sources["hf"] = lambda: _hf_steps(image)
         iters = {name: make() for name, make in sources.items()}
         samples: dict[str, list[float]] = {name: [] for name in iters}
-        per_block = {"one": 6, "twelve": 3, "hf": 6 * k}
+        per_block = {
+            name: {"one": 6, "twelve": 3, "hf": 6 * k}[name.split("@")[0]] for name in iters
+        }
         for name, it in iters.items():  # warm-up
             _take(it, per_block[name], [])
         blocks = max(1, rounds // per_block["one"])
@@ -143,6 +154,16 @@ def run(
             "us_per_token_1_stream": round(med["one"] * 1e6, 1),
             "us_per_token_12_streams": round(med["twelve"] * 1e6, 1),
         }
+        if heads:
+            result["heads"] = {
+                str(size): {
+                    "us_per_token_1_stream": round(med[f"one@{size}"] * 1e6, 1),
+                    "us_per_token_12_streams": round(med[f"twelve@{size}"] * 1e6, 1),
+                    "speedup_1_stream": round(med["one"] / med[f"one@{size}"], 2),
+                    "speedup_12_streams": round(med["twelve"] / med[f"twelve@{size}"], 2),
+                }
+                for size in heads
+            }
         if "hf" in med:
             result["hf_eager_us_per_token"] = round(med["hf"] * 1e6, 1)
             result["speedup_vs_hf_1_stream"] = round(med["hf"] / med["one"], 2)

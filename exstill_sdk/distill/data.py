@@ -94,9 +94,12 @@ def generate(
     *,
     sample: bool,
     seed: int,
+    logits: bool = True,
 ) -> tuple[list[list[int]], list[np.ndarray]]:
     """The target's continuations of a batch of prompts (each up to its first stop token,
-    included), and its raw logits at each step of each (float32 [steps, vocab])."""
+    included), and, with ``logits``, its raw logits at each step of each (float32
+    [steps, vocab]; a batch of 32 answers of 64 tokens holds 400 MB of them for a
+    49,152-token vocabulary, so prompts are written without)."""
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -117,10 +120,10 @@ def generate(
             top_k=None,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad,
-            output_logits=True,
+            output_logits=logits,
             return_dict_in_generate=True,
         )
-    logits = torch.stack(out.logits, dim=1).float()  # [batch, steps, vocab]
+    steps = torch.stack(out.logits, dim=1).float() if logits else None  # [batch, steps, vocab]
     stops = _stop_ids(tokenizer, model)
     answers, kept = [], []
     for row in range(len(prompts)):
@@ -130,7 +133,8 @@ def generate(
                 answer = answer[: i + 1]
                 break
         answers.append(answer)
-        kept.append(logits[row, : len(answer)].numpy())
+        if steps is not None:
+            kept.append(steps[row, : len(answer)].numpy())
     return answers, kept
 
 
@@ -178,7 +182,7 @@ def self_written_prompts(
     batch: int,
     seed: int,
     deadline: float = float("inf"),
-    max_tokens: int = 96,
+    max_tokens: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> list[str]:
     """Up to ``count`` user prompts the target writes itself (module docstring), distinct and
@@ -199,7 +203,13 @@ def self_written_prompts(
         if attempt and time.monotonic() > deadline:
             break
         answers, _ = generate(
-            model, tokenizer, [start] * batch, max_tokens, sample=True, seed=seed + attempt
+            model,
+            tokenizer,
+            [start] * batch,
+            max_tokens,
+            sample=True,
+            seed=seed + attempt,
+            logits=False,
         )
         attempt += 1
         for answer in answers:

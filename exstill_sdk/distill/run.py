@@ -64,7 +64,9 @@ class DistillOptions:
     layers: int = 4
     answer_tokens: int = 64
     batch: int = 8
-    gen_batch: int = 16
+    gen_batch: int = 32
+    """Prompts the target writes or answers at once: on this 2-core CPU, 16 a batch gave 150
+    tokens/s, 48 gave 260 (weights read once a step serve every row)."""
     top_k: int = 16
     lr: float = 5e-4
     seed: int = 0

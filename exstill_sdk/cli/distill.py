@@ -44,6 +44,12 @@ def add_parser(sub: Any) -> None:
         help="tokens the draft may propose, the target's most frequent (a frequency-ranked "
         "head; default 16384 for a vocabulary of 16384 or more, else the whole; 0: the whole)",
     )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where torch runs the target and the draft: auto (a CUDA GPU where torch sees "
+        "one, else the CPU), cpu, cuda or cuda:N (default auto)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", help="where the run's state lives (default: under ~/.cache)")
     p.add_argument("--restart", action="store_true", help="discard the work dir's earlier run")
@@ -102,6 +108,7 @@ def run_distill(args: argparse.Namespace) -> int:
             max_steps=args.steps,
             dtype=args.dtype,
             head=args.head,
+            device=args.device,
             progress=progress,
         )
     except KeyboardInterrupt:
@@ -115,7 +122,7 @@ def run_distill(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         print(
-            f"{result.image}: {result.steps} steps on {result.examples} answers "
+            f"{result.image}: {result.steps} steps on {result.examples} answers on {result.device} "
             f"({result.train_seconds:.0f} s of training); the draft's top token is the "
             f"target's at {result.agreement_after:.1%} of held-out positions "
             f"({result.agreement_before:.1%} before training; {result.train_agreement_after:.1%} "

@@ -112,8 +112,8 @@ def generate(
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(
-            ids,
-            attention_mask=mask,
+            ids.to(model.device),
+            attention_mask=mask.to(model.device),
             do_sample=sample,
             temperature=1.0 if sample else None,
             top_p=None,
@@ -123,11 +123,13 @@ def generate(
             output_logits=logits,
             return_dict_in_generate=True,
         )
-    steps = torch.stack(out.logits, dim=1).float() if logits else None  # [batch, steps, vocab]
+    # [batch, steps, vocab]
+    steps = torch.stack(out.logits, dim=1).float().cpu() if logits else None
+    sequences = out.sequences[:, width:].cpu().tolist()
     stops = _stop_ids(tokenizer, model)
     answers, kept = [], []
     for row in range(len(prompts)):
-        answer = [int(t) for t in out.sequences[row, width:]]
+        answer = [int(t) for t in sequences[row]]
         for i, t in enumerate(answer):
             if t in stops:
                 answer = answer[: i + 1]

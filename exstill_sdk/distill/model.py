@@ -28,7 +28,8 @@ def kept_layers(total: int, layers: int) -> list[int]:
 
 
 def draft_from_target(target: Any, layers: int) -> Any:
-    """A new model of the target's class and config with ``layers`` of its layers, copied."""
+    """A new model of the target's class and config with ``layers`` of its layers, copied, on
+    the target's device."""
     config = copy.deepcopy(target.config)
     total = config.num_hidden_layers
     keep = kept_layers(total, layers)
@@ -45,4 +46,4 @@ def draft_from_target(target: Any, layers: int) -> Any:
         dest.layers[i].load_state_dict(source.layers[j].state_dict())
     if not config.tie_word_embeddings:
         draft.lm_head.load_state_dict(target.lm_head.state_dict())
-    return draft.float()
+    return draft.float().to(target.device)

@@ -40,7 +40,7 @@ from exstill_sdk.distill.model import draft_from_target
 from exstill_sdk.distill.train import agreement, batch_loss, learning_rate
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.evaluation.prompts import Prompt, load_prompts
-from exstill_sdk.evaluation.target import encode, load_model, load_tokenizer
+from exstill_sdk.evaluation.target import encode, load_model, load_tokenizer, torch_device
 
 DATA_SHARE = 0.4
 ON_POLICY_AT = 0.5
@@ -93,6 +93,8 @@ class DistillResult:
     """Tokens of the frequency-ranked head (0: the whole vocabulary; head.py)."""
     head_coverage: float | None
     """Share of held-out answer tokens inside the head."""
+    device: str
+    """Where torch ran the target and the draft."""
     pack: dict[str, Any]
 
 
@@ -246,22 +248,25 @@ def distill(
     max_steps: int | None = None,
     dtype: str = "f16",
     head: int | None = None,
+    device: str = "auto",
     progress: Report | None = None,
 ) -> DistillResult:
     """Gather the target's answers, train the draft for the rest of the budget (or to
     ``max_steps`` steps in all, when that comes first), pack it with a frequency-ranked head
-    of ``head`` tokens (None: head.py's default for the vocabulary; 0: the whole)."""
+    of ``head`` tokens (None: head.py's default for the vocabulary; 0: the whole). Torch runs
+    on ``device`` (``evaluation.target.torch_device``); a run may continue on another."""
     import torch
 
     if minutes <= 0:
         raise InvalidArgumentError("--minutes must be more than 0")
+    device = torch_device(device)
     begin = time.monotonic()
     budget_s = minutes * 60.0
     work = Path(work_dir)
     _check_run(work, options)
     torch.manual_seed(options.seed)
     tokenizer = load_tokenizer(options.target)
-    target = load_model(options.target)
+    target = load_model(options.target, device)
     # the target writing prompts takes up to half of the data's share, answering the rest
     texts = _prompts(work, options, target, tokenizer, begin + DATA_SHARE * budget_s / 2, progress)
     examples = _gather(
@@ -281,7 +286,7 @@ def distill(
     step, spent = 0, 0.0
     train_budget = max(budget_s - (time.monotonic() - begin), 1.0)
     if state_path.exists():  # a run that stopped: its own budget, not a new one
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location=device)
         draft.load_state_dict(state["draft"])
         optimiser.load_state_dict(state["optimiser"])
         step, spent, train_budget = state["step"], state["seconds"], state["budget"]
@@ -341,6 +346,7 @@ def distill(
         round(after[1], 4),
         len(head_ids or ()),
         None if head_ids is None else round(coverage(held, head_ids), 4),
+        device,
         packed,
     )
 

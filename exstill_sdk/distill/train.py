@@ -56,11 +56,12 @@ def batch_loss(draft: Any, batch: Sequence[Example], max_len: int = MAX_LEN) -> 
         where_p.append(torch.arange(start - 1, start - 1 + answer))
         top_ids.append(torch.from_numpy(e.top_ids.astype(np.int64)))
         top_logp.append(torch.from_numpy(e.top_logp.astype(np.float32)))
-    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
-    picked = hidden[torch.cat(where_r), torch.cat(where_p)]
+    on = draft.device
+    hidden = draft.model(input_ids=ids.to(on), attention_mask=mask.to(on)).last_hidden_state
+    picked = hidden[torch.cat(where_r).to(on), torch.cat(where_p).to(on)]
     logq = torch.log_softmax(draft.lm_head(picked).float(), dim=-1)
-    want = torch.softmax(torch.cat(top_logp), dim=-1)  # renormalised over the top k
-    return -(want * logq.gather(1, torch.cat(top_ids))).sum(-1).mean()
+    want = torch.softmax(torch.cat(top_logp).to(on), dim=-1)  # renormalised over the top k
+    return -(want * logq.gather(1, torch.cat(top_ids).to(on))).sum(-1).mean()
 
 
 def agreement(draft: Any, examples: Sequence[Example], max_len: int = MAX_LEN) -> float:
@@ -71,9 +72,9 @@ def agreement(draft: Any, examples: Sequence[Example], max_len: int = MAX_LEN) -
     with torch.no_grad():
         for e in examples:
             kept, start = window(e, max_len)
-            ids = torch.from_numpy(kept.astype(np.int64))[None]
+            ids = torch.from_numpy(kept.astype(np.int64))[None].to(draft.device)
             logits = draft(input_ids=ids).logits[0, start - 1 : -1]
-            guess = logits.argmax(-1).numpy()
+            guess = logits.argmax(-1).cpu().numpy()
             hits += int((guess == e.top_ids[:, 0]).sum())
             total += len(guess)
     return hits / total if total else 0.0

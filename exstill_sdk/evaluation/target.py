@@ -46,8 +46,33 @@ def load_tokenizer(path: str | Path) -> Any:
         ) from None
 
 
-def load_model(path: str | Path) -> Any:
-    """The target as a transformers causal LM (float32, on the CPU, in eval mode)."""
+def torch_device(name: str = "auto") -> str:
+    """The torch device ``name`` stands for: ``auto`` is the first CUDA GPU where torch sees
+    one, else the CPU; ``cpu``, ``cuda`` or ``cuda:N`` as given, once checked to exist."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    head, _, index = name.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise InvalidArgumentError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
+    if not torch.cuda.is_available():
+        raise InvalidArgumentError(
+            f"--device {name}: torch sees no CUDA GPU here (a CPU build of torch, or no "
+            "driver); use --device cpu"
+        )
+    if index and int(index) >= torch.cuda.device_count():
+        raise InvalidArgumentError(
+            f"--device {name}: torch sees {torch.cuda.device_count()} CUDA GPU(s), numbered from 0"
+        )
+    return name
+
+
+def load_model(path: str | Path, device: str = "cpu") -> Any:
+    """The target as a transformers causal LM (float32, in eval mode) on ``device`` (a torch
+    device, as ``torch_device`` gives)."""
     import torch
 
     where, extra = _source(path)
@@ -57,7 +82,7 @@ def load_model(path: str | Path) -> Any:
         )
     except (OSError, ValueError) as exc:
         raise InvalidArgumentError(f"cannot load the target from {path}: {exc}") from None
-    return model.eval()
+    return model.to(device).eval()
 
 
 def encode(tokenizer: Any, prompt: Prompt) -> list[int]:
@@ -75,13 +100,14 @@ def encode(tokenizer: Any, prompt: Prompt) -> list[int]:
 
 
 def continuation_logits(model: Any, prompt: list[int], continuation: list[int]) -> Any:
-    """``model``'s logits (a float32 torch tensor [len(continuation), vocab]) for each
-    continuation token, given the prompt and the continuation before it: one forward pass."""
+    """``model``'s logits (a float32 torch tensor [len(continuation), vocab], on the CPU) for
+    each continuation token, given the prompt and the continuation before it: one forward
+    pass."""
     import torch
 
-    ids = torch.tensor([prompt + continuation[:-1]], dtype=torch.long)
+    ids = torch.tensor([prompt + continuation[:-1]], dtype=torch.long, device=model.device)
     with torch.no_grad():
-        return model(input_ids=ids).logits[0, len(prompt) - 1 :].float()
+        return model(input_ids=ids).logits[0, len(prompt) - 1 :].float().cpu()
 
 
 def greedy_continuation(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
@@ -89,7 +115,7 @@ def greedy_continuation(model: Any, prompt: list[int], new_tokens: int) -> list[
     text."""
     import torch
 
-    ids = torch.tensor([prompt], dtype=torch.long)
+    ids = torch.tensor([prompt], dtype=torch.long, device=model.device)
     with torch.no_grad():
         out = model.generate(
             ids,
@@ -98,4 +124,4 @@ def greedy_continuation(model: Any, prompt: list[int], new_tokens: int) -> list[
             max_new_tokens=new_tokens,
             pad_token_id=model.generation_config.eos_token_id or 0,
         )
-    return [int(t) for t in out[0, len(prompt) :]]
+    return [int(t) for t in out[0, len(prompt) :].tolist()]

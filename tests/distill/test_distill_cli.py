@@ -52,6 +52,7 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
     assert report["examples"] == 48 and report["steps"] == 200
+    assert report["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     # a frequency-ranked head of half the vocabulary, its ids kept for exstill-pack --head-ids
     head = json.loads((work / "head-ids.json").read_text())
     assert report["head_size"] == len(head) == 48 and {0, 1, 2} <= set(head)
@@ -106,6 +107,20 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
         got = decoder.generate_batch(batch, 32, stop_token_ids=[])
         assert [r.tokens for r in got] == want
         assert decoder.metrics.num_draft_tokens > 0
+
+
+def test_device_mistakes_are_one_line(target: Path, tmp_path: Path) -> None:
+    cases = [("tpu", "--device must be auto, cpu, cuda or cuda:N, not 'tpu'")]
+    cases.append(("cuda:x", "--device must be auto, cpu, cuda or cuda:N"))
+    if not torch.cuda.is_available():
+        cases.append(("cuda", "--device cuda: torch sees no CUDA GPU here"))
+    else:
+        cases.append(("cuda:99", "torch sees"))
+    for device, message in cases:
+        out = _distill(str(target), "-o", str(tmp_path / "d.img"), "--device", device)
+        assert out.returncode == 2, out.stderr
+        assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "d.img").exists()
 
 
 def test_the_draft_starts_as_the_target_cut_down(target: Path) -> None:

@@ -39,6 +39,11 @@ def add_parser(sub: Any) -> None:
         "against its chain of N - 1 tokens, at these budgets N (positions a pass scores; "
         "e.g. 8,16,32,64)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where torch runs the target and the drafts: cpu (default), cuda, cuda:N or auto",
+    )
     p.add_argument("--plot", metavar="DIR", help="also write eval_tau.png into DIR")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -142,6 +147,7 @@ def run_eval(args: argparse.Namespace) -> int:
         new_tokens=args.new_tokens,
         lookup=not args.no_lookup,
         trees=comma_numbers("--trees", args.trees) if args.trees else (),
+        device=args.device,
         progress=progress,
     )
     if not args.json and sys.stderr.isatty():

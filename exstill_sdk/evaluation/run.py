@@ -38,7 +38,13 @@ from exstill_sdk.evaluation.acceptance import (
 )
 from exstill_sdk.evaluation.drafters import LOOKUP, lookup_chains, target_ranks
 from exstill_sdk.evaluation.prompts import Prompt
-from exstill_sdk.evaluation.target import encode, greedy_continuation, load_model, load_tokenizer
+from exstill_sdk.evaluation.target import (
+    encode,
+    greedy_continuation,
+    load_model,
+    load_tokenizer,
+    torch_device,
+)
 from exstill_sdk.evaluation.trees import TREE_TOP_KS, CardTrees, check_budgets
 from exstill_sdk.image.reader import open_image
 
@@ -103,10 +109,11 @@ class _Tally:
 
 
 def _drafts(
-    paths: Sequence[str | Path], tokenizer: Any
+    paths: Sequence[str | Path], tokenizer: Any, device: str
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Each draft image as a transformers model, once every image is known to be made in the
-    target's tokenizer; and the head ids of those with a frequency-ranked head."""
+    """Each draft image as a transformers model on ``device``, once every image is known to
+    be made in the target's tokenizer; and the head ids of those with a frequency-ranked
+    head."""
     from exstill_sdk.image.hf import to_hf_model
     from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
 
@@ -122,7 +129,7 @@ def _drafts(
     models, heads = {}, {}
     for path in paths:
         with open_image(path) as image:
-            models[Path(path).stem] = to_hf_model(image)
+            models[Path(path).stem] = to_hf_model(image).to(device)
             if image.head_ids is not None:
                 heads[Path(path).stem] = image.head_ids.copy()
     return models, heads
@@ -137,11 +144,14 @@ def evaluate(
     new_tokens: int = 64,
     lookup: bool = True,
     trees: Sequence[int] = (),
+    device: str = "cpu",
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Score each draft (and prompt lookup) on the target's greedy continuation of each
     prompt; with ``trees`` (budgets N), each draft's trees of N - 1 nodes against its chain of
-    N - 1 tokens too. The report module docstring describes."""
+    N - 1 tokens too. Torch runs the target and the drafts' teacher-forced passes on
+    ``device`` (``target.torch_device``); the card's trees run on the CPU, as on the card's
+    emulator. The report module docstring describes."""
     if not 1 <= max_k <= 32:
         raise InvalidArgumentError(f"--max-k must be 1..32, not {max_k}")
     if not drafts and not lookup:
@@ -150,8 +160,9 @@ def evaluate(
     if budgets and not drafts:
         raise InvalidArgumentError("--trees measures a draft's trees: give a --draft")
     tokenizer = load_tokenizer(target)
-    models, heads = _drafts(drafts, tokenizer)
-    model = load_model(target)
+    device = torch_device(device)
+    models, heads = _drafts(drafts, tokenizer, device)
+    model = load_model(target, device)
     names = list(models) + ([LOOKUP] if lookup else [])
     tallies: dict[str, dict[str, _Tally]] = {name: {} for name in names}
     ks = range(1, max_k + 1)
@@ -194,6 +205,7 @@ def evaluate(
         "new_tokens": new_tokens,
         "max_k": max_k,
         "tree_budgets": list(budgets),
+        "device": device,
         "drafters": {
             name: {
                 group: tally.report(name != LOOKUP)

@@ -103,4 +103,6 @@ def _spread_head(model: Any, state: dict[str, Any], ids: np.ndarray) -> None:
     state["lm_head.weight"] = full
     absent = torch.full((model.config.vocab_size,), float("-inf"))
     absent[index] = 0.0
-    model.get_output_embeddings().register_forward_hook(lambda _m, _i, out: out + absent)
+    head = model.get_output_embeddings()
+    head.register_buffer("absent", absent, persistent=False)  # moves with the model's device
+    head.register_forward_hook(lambda m, _i, out: out + m.absent)

@@ -78,7 +78,7 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     drafters = report["drafters"]
-    assert report["tree_budgets"] == [4, 8]
+    assert report["tree_budgets"] == [4, 8] and report["device"] == "cpu"
     assert list(drafters) == ["self", "other", "selfhead", "prompt lookup"]
     for groups in drafters.values():
         assert list(groups) == ["a", "b", "all"]
@@ -158,6 +158,7 @@ def test_eval_mistakes_are_one_line(pair: dict[str, Path], tmp_path: Path) -> No
         (["--no-lookup"], "nothing to measure"),
         (["--new-tokens", "1"], "--new-tokens must be 2 or more"),
         (["--trees", "8"], "--trees measures a draft's trees: give a --draft"),
+        (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N"),
         (["--draft", str(pair["self"]), "--trees", "1,8"], "--trees budgets must be 2..256"),
         (["--draft", str(pair["self"]), "--trees", "8,x"], "--trees wants numbers"),
     ]

@@ -131,6 +131,7 @@ EMULATOR_STARTERS = {
     "exstill_sdk.bench.engine.cost": "exstill-bench engine times the card's own engine, no link",
     "exstill_sdk.bench.decode.trees": "exstill-bench trees grows the card engine's own trees",
     "exstill_sdk.evaluation.drafters": "exstill eval scores the card's own prompt lookup",
+    "exstill_sdk.evaluation.trees": "exstill eval --trees grows the card engine's own trees",
 }
 """The only SDK modules that import the firmware, and why."""
 

@@ -7,13 +7,13 @@ target's token b after them. The prefetcher drafts the next round ahead for (k, 
 outcomes too, all of them together in a token tree (``EngineState.draft_outcomes``), so that a
 COMMIT of any of them is answered at once.
 
-An outcome's likelihood comes from the draft's own distributions, sharpened
-(``ranking_probs``): P(first j accepted) = the product of the drafted tokens' probabilities,
-times b's probability at position j+1 (for j < k, b is not the drafted token, which the target
-refused). How many outcomes fit is measured, not configured: the card times its passes
-(``PassCost``: a fixed part and a part per outcome) and learns, per stream, how long the host
-takes from the card's reply to its next COMMIT; the outcomes are then the likeliest ones, over
-every stream waiting, whose passes fit in that time.
+An outcome's likelihood comes from the draft's own distributions, calibrated by its image's
+rank temperature (``ranking_probs``): P(first j accepted) = the product of the drafted tokens'
+probabilities, times b's probability at position j+1 (for j < k, b is not the drafted token,
+which the target refused). How many outcomes fit is measured, not configured: the card times
+its passes (``PassCost``: a fixed part and a part per outcome) and learns, per stream, how long
+the host takes from the card's reply to its next COMMIT; the outcomes are then the likeliest
+ones, over every stream waiting, whose passes fit in that time.
 """
 
 from __future__ import annotations
@@ -41,19 +41,21 @@ WINDOW_SHARE = 0.85
 
 class Outcome(NamedTuple):
     score: float
-    """Its probability under the sharpened draft."""
+    """Its probability under the calibrated draft."""
     accepted: int
     bonus: int
 
 
-def rank_outcomes(tokens: Sequence[int], logits: np.ndarray, limit: int) -> list[Outcome]:
+def rank_outcomes(
+    tokens: Sequence[int], logits: np.ndarray, limit: int, temperature: float
+) -> list[Outcome]:
     """The ``limit`` likeliest outcomes of a draft other than the one the prefetcher drafts
     for first. ``tokens``: the draft and its guess (k + 1); ``logits``: the k + 1 rows they
-    were chosen from."""
+    were chosen from; ``temperature``: the draft's rank temperature."""
     k = len(tokens) - 1
     if k < 0 or limit <= 0 or len(logits) < k + 1:
         return []
-    probs = ranking_probs(logits[: k + 1])
+    probs = ranking_probs(logits[: k + 1], temperature)
     drafted = np.asarray(tokens, np.int64)
     reach = np.concatenate([[1.0], np.cumprod(probs[np.arange(k), drafted[:k]])])
     width = min(CANDIDATES + 1, probs.shape[1])

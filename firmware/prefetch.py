@@ -151,7 +151,8 @@ class Prefetcher:
             if now + count * (fit[0] + fit[1]) > stream_due:
                 continue  # not one outcome fits before its COMMIT: ranking them would delay it
             limit = width_limit(count, stream.engine.vocab_size, stream.state.keep_logits)
-            outcomes = rank_outcomes(struct.unpack(f"<{count}I", branch), logits, limit)
+            drafted = struct.unpack(f"<{count}I", branch)
+            outcomes = rank_outcomes(drafted, logits, limit, stream.engine.rank_temperature)
             if outcomes:
                 ranked.append((outcomes, count, limit))
                 chosen.append(job)

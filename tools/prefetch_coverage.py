@@ -6,7 +6,7 @@
 Greedy rounds of K on the demo pair over held-out prompts, the draft and the target both run
 here (no card, nothing timed). For each round: the outcome that happened (j tokens accepted,
 the target's token b after them), and the outcomes the card ranks first (firmware/outcomes.py,
-``rank_outcomes``: the draft's own distributions sharpened to temperature 0.5). A round is
+``rank_outcomes``: the draft's own distributions at its image's rank temperature). A round is
 covered with N outcomes when its outcome is full acceptance with the draft's guess (what the
 card drafts ahead first) or among the N it ranks first. This is what MAX_WIDTH and the hit
 rates of ``exstill-bench prefetch`` are read against.
@@ -34,8 +34,11 @@ def main() -> int:
 
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.demo import POSITIONS, demo_dir, held_out_prompts
+    from exstill_sdk.image import open_image
 
     k = args.k
+    with open_image(demo_dir() / "draft.img") as image:
+        rank = image.rank_temperature
     target = OnnxTarget(demo_dir() / "target.img", positions=POSITIONS, threads=1)
     draft = OnnxTarget(demo_dir() / "draft.img", max_sequences=2, positions=POSITIONS, threads=1)
     ranks: list[int | None] = []  # where the outcome was ranked (-1: full with the guess)
@@ -50,7 +53,8 @@ def main() -> int:
             while j < k and best[j] == drafted[j]:
                 j += 1
             outcome = (j, best[j])
-            ranked = [(o.accepted, o.bonus) for o in rank_outcomes(drafted, logits, max(WIDTHS))]
+            best_ranked = rank_outcomes(drafted, logits, max(WIDTHS), rank)
+            ranked = [(o.accepted, o.bonus) for o in best_ranked]
             ranks.append(
                 -1 if outcome == (k, drafted[k]) else ranked.index(outcome) if outcome in ranked
                 else None

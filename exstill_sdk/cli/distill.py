@@ -133,4 +133,9 @@ def run_distill(args: argparse.Namespace) -> int:
                 f"its head holds {result.head_size} tokens, {result.head_coverage:.1%} of the "
                 "target's held-out answer tokens"
             )
+        if result.rank_temperature is not None:
+            print(
+                f"its probabilities are calibrated at temperature {result.rank_temperature} "
+                "(packed: the card ranks tree nodes and outcomes by them)"
+            )
     return EXIT_OK

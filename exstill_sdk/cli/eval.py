@@ -73,6 +73,14 @@ def _table(report: dict[str, Any]) -> str:
             if width != "1":
                 cover = " ".join(f"{c:.2f}" for c in shares)
                 lines.append(f"  {'':<18} {cover}  (target token in the draft's top {width})")
+    for name, cal in report.get("calibration", {}).items():
+        if cal["rank_temperature_fit"] is not None:
+            lines.append(
+                f"{name[:18]}: ranks tree nodes and outcomes at temperature "
+                f"{cal['rank_temperature']}; these prompts calibrate it at "
+                f"{cal['rank_temperature_fit']} ({cal['positions']} positions; exstill-pack "
+                "--rank-temperature)"
+            )
     for name, groups in report["drafters"].items():
         if "trees" in groups["all"]:
             lines.append(f"{name[:18]}: tokens kept a pass at equal verified tokens N")

@@ -47,6 +47,14 @@ def _pack_parser() -> argparse.ArgumentParser:
         help="a frequency-ranked head: keep only these tokens' output rows (a JSON list of "
         "token ids, or one id a line; exstill distill writes one as head-ids.json)",
     )
+    p.add_argument(
+        "--rank-temperature",
+        type=float,
+        metavar="T",
+        help="the temperature that calibrates the draft's probabilities, by which the card "
+        "ranks tree nodes and outcomes to draft ahead for (exstill distill fits it; exstill "
+        "eval reports it as rank_temperature_fit; default 0.5)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return p
 
@@ -99,6 +107,7 @@ def _pack(args: argparse.Namespace) -> dict[str, Any]:
         tokenizer=args.tokenizer,
         progress=not args.json and sys.stderr.isatty(),
         head_ids=head_ids,
+        rank_temperature=args.rank_temperature,
     )
     return result.to_dict()
 
@@ -212,6 +221,11 @@ def _human(command: str, r: dict[str, Any]) -> str:
         (
             "content_sha256",
             r["content_sha256"] + (" (checked)" if r["digest_checked"] else " (not checked)"),
+        ),
+        (
+            "ranking",
+            f"tree nodes and outcomes by the draft's softmax at temperature "
+            f"{r['rank_temperature']}",
         ),
         ("file_sha256", r["file_sha256"] or "(not computed: --no-verify)"),
         ("signature", f"key {r['key_id'][:16]}..." if r["signed"] else "none"),

@@ -37,7 +37,7 @@ from exstill_sdk.distill.data import (
 )
 from exstill_sdk.distill.head import coverage, default_size, frequency_ranked
 from exstill_sdk.distill.model import draft_from_target
-from exstill_sdk.distill.train import agreement, batch_loss, learning_rate
+from exstill_sdk.distill.train import agreement, batch_loss, learning_rate, rank_temperature
 from exstill_sdk.errors import InvalidArgumentError
 from exstill_sdk.evaluation.prompts import Prompt, load_prompts
 from exstill_sdk.evaluation.target import encode, load_model, load_tokenizer, torch_device
@@ -93,6 +93,9 @@ class DistillResult:
     """Tokens of the frequency-ranked head (0: the whole vocabulary; head.py)."""
     head_coverage: float | None
     """Share of held-out answer tokens inside the head."""
+    rank_temperature: float | None
+    """The temperature that calibrates the draft's probabilities on the held-out answers
+    (support/calibration.py), packed in the image."""
     device: str
     """Where torch ran the target and the draft."""
     pack: dict[str, Any]
@@ -333,7 +336,8 @@ def distill(
     draft.eval()
     after = agreement(draft, held), agreement(draft, train[:TRAIN_SAMPLE])
     head_ids = _head(work, target, tokenizer, train, head)
-    packed = _pack(draft, tokenizer, work, output, name, dtype, head_ids)
+    temperature = rank_temperature(draft, held, head_ids)
+    packed = _pack(draft, tokenizer, work, output, name, dtype, head_ids, temperature)
     return DistillResult(
         str(output),
         str(work),
@@ -346,6 +350,7 @@ def distill(
         round(after[1], 4),
         len(head_ids or ()),
         None if head_ids is None else round(coverage(held, head_ids), 4),
+        temperature,
         device,
         packed,
     )
@@ -388,10 +393,13 @@ def _pack(
     name: str,
     dtype: str,
     head_ids: list[int] | None,
+    rank_temperature: float | None,
 ) -> dict[str, Any]:
     from exstill_sdk.image.pack import pack_checkpoint
 
     where = work / "draft"
     draft.save_pretrained(where, safe_serialization=True)
     tokenizer.save_pretrained(where)
-    return pack_checkpoint(where, output, name, dtype, head_ids=head_ids).to_dict()
+    return pack_checkpoint(
+        where, output, name, dtype, head_ids=head_ids, rank_temperature=rank_temperature
+    ).to_dict()

@@ -12,12 +12,13 @@ time budget and decayed on a cosine over the rest (time, not steps, is what the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from exstill_sdk.distill.data import Example
+from exstill_sdk.support.calibration import RankTemperatureFit
 
 MAX_LEN = 768
 
@@ -64,17 +65,45 @@ def batch_loss(draft: Any, batch: Sequence[Example], max_len: int = MAX_LEN) -> 
     return -(want * logq.gather(1, torch.cat(top_ids).to(on))).sum(-1).mean()
 
 
-def agreement(draft: Any, examples: Sequence[Example], max_len: int = MAX_LEN) -> float:
-    """Share of answer positions where the draft's most likely token is the target's."""
+def answer_logits(
+    draft: Any, examples: Sequence[Example], max_len: int = MAX_LEN
+) -> Iterator[tuple[Any, np.ndarray]]:
+    """For each example, the draft's logits at its answer positions (a torch tensor
+    [answer, vocab], on the draft's device) and the target's most likely token at each."""
     import torch
 
-    hits = total = 0
     with torch.no_grad():
         for e in examples:
             kept, start = window(e, max_len)
             ids = torch.from_numpy(kept.astype(np.int64))[None].to(draft.device)
-            logits = draft(input_ids=ids).logits[0, start - 1 : -1]
-            guess = logits.argmax(-1).cpu().numpy()
-            hits += int((guess == e.top_ids[:, 0]).sum())
-            total += len(guess)
+            yield draft(input_ids=ids).logits[0, start - 1 : -1], e.top_ids[:, 0]
+
+
+def agreement(draft: Any, examples: Sequence[Example], max_len: int = MAX_LEN) -> float:
+    """Share of answer positions where the draft's most likely token is the target's."""
+    hits = total = 0
+    for logits, best in answer_logits(draft, examples, max_len):
+        guess = logits.argmax(-1).cpu().numpy()
+        hits += int((guess == best).sum())
+        total += len(guess)
     return hits / total if total else 0.0
+
+
+def rank_temperature(
+    draft: Any, examples: Sequence[Example], head_ids: Sequence[int] | None
+) -> float | None:
+    """The temperature that calibrates the draft's probabilities of the target's tokens over
+    ``examples`` (support/calibration.py), its softmax over the head's tokens alone when it has
+    one, as the card's is."""
+    import torch
+
+    fit = RankTemperatureFit()
+    head = None if head_ids is None else {int(t): row for row, t in enumerate(head_ids)}
+    for logits, best in answer_logits(draft, examples):
+        if head is None:
+            fit.add(logits.float().cpu().numpy(), best)
+        else:
+            columns = torch.tensor(list(head), dtype=torch.long, device=logits.device)
+            rows = np.array([head.get(int(t), -1) for t in best], np.int64)
+            fit.add(logits[:, columns].float().cpu().numpy(), rows)
+    return fit.best()

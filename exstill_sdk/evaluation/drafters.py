@@ -16,18 +16,17 @@ import numpy as np
 from exstill_firmware.engines.base import Sampling
 from exstill_firmware.engines.lookup import LookupEngine
 
-from exstill_sdk.evaluation.target import continuation_logits
 from exstill_sdk.protocol.messages import decode_tokens, encode_tokens
 
 LOOKUP = "prompt lookup"
 
 
-def target_ranks(model: Any, prompt: list[int], continuation: list[int]) -> np.ndarray:
-    """For each continuation token, its rank under ``model`` (a transformers causal LM) given
-    the prompt and the continuation before it: the count of tokens scored strictly higher."""
+def target_ranks(logits: Any, continuation: list[int]) -> np.ndarray:
+    """For each continuation token, its rank under a model's ``logits`` for it (a torch tensor
+    [len(continuation), vocab], ``target.continuation_logits``): the count of tokens scored
+    strictly higher."""
     import torch
 
-    logits = continuation_logits(model, prompt, continuation)
     wanted = torch.tensor(continuation, dtype=torch.long)
     chosen = logits.gather(1, wanted[:, None])
     return (logits > chosen).sum(dim=1).numpy().astype(np.int64)

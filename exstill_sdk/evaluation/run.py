@@ -16,6 +16,9 @@ category and over all prompts:
 - ``trees`` (with ``trees=`` budgets): for each budget N, tokens kept a pass by the chain of
   N - 1 tokens and by the card's trees of N - 1 nodes (trees.py), and the best tree over the
   chain.
+
+And per draft, under ``calibration``: the rank temperature its image carries (by which the
+card ranks tree nodes and outcomes) and the one these prompts fit (support/calibration.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from exstill_sdk.evaluation.acceptance import (
 from exstill_sdk.evaluation.drafters import LOOKUP, lookup_chains, target_ranks
 from exstill_sdk.evaluation.prompts import Prompt
 from exstill_sdk.evaluation.target import (
+    continuation_logits,
     encode,
     greedy_continuation,
     load_model,
@@ -47,6 +51,7 @@ from exstill_sdk.evaluation.target import (
 )
 from exstill_sdk.evaluation.trees import TREE_TOP_KS, CardTrees, check_budgets
 from exstill_sdk.image.reader import open_image
+from exstill_sdk.support.calibration import RankTemperatureFit
 
 ALL = "all"
 
@@ -110,10 +115,10 @@ class _Tally:
 
 def _drafts(
     paths: Sequence[str | Path], tokenizer: Any, device: str
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, float]]:
     """Each draft image as a transformers model on ``device``, once every image is known to
-    be made in the target's tokenizer; and the head ids of those with a frequency-ranked
-    head."""
+    be made in the target's tokenizer; the head ids of those with a frequency-ranked head;
+    each image's rank temperature."""
     from exstill_sdk.image.hf import to_hf_model
     from exstill_sdk.image.tokenizer import fingerprint_hf_tokenizer
 
@@ -126,13 +131,15 @@ def _drafts(
                 f"draft {path} was packed for another tokenizer ({differs}): a draft must be "
                 "made in its target's tokenizer"
             )
-    models, heads = {}, {}
+    models, heads, temperatures = {}, {}, {}
     for path in paths:
         with open_image(path) as image:
-            models[Path(path).stem] = to_hf_model(image).to(device)
+            name = Path(path).stem
+            models[name] = to_hf_model(image).to(device)
+            temperatures[name] = image.rank_temperature
             if image.head_ids is not None:
-                heads[Path(path).stem] = image.head_ids.copy()
-    return models, heads
+                heads[name] = image.head_ids.copy()
+    return models, heads, temperatures
 
 
 def evaluate(
@@ -161,7 +168,8 @@ def evaluate(
         raise InvalidArgumentError("--trees measures a draft's trees: give a --draft")
     tokenizer = load_tokenizer(target)
     device = torch_device(device)
-    models, heads = _drafts(drafts, tokenizer, device)
+    models, heads, temperatures = _drafts(drafts, tokenizer, device)
+    fits = {name: RankTemperatureFit() for name in models}
     model = load_model(target, device)
     names = list(models) + ([LOOKUP] if lookup else [])
     tallies: dict[str, dict[str, _Tally]] = {name: {} for name in names}
@@ -184,7 +192,9 @@ def evaluate(
                         ranks = None
                         runs = runs_from_chains(lookup_chains(ids, continuation, max_k), y)
                     else:
-                        ranks = target_ranks(models[name], ids, continuation)
+                        logits = continuation_logits(models[name], ids, continuation)
+                        ranks = target_ranks(logits, continuation)
+                        fits[name].add(logits.numpy(), y)
                         runs = runs_from_matches(ranks == 0, longest)
                         for n in budgets:
                             tree_passes[n] = {"chain": rounds(runs, n - 1).passes} | {
@@ -212,5 +222,13 @@ def evaluate(
                 for group, tally in sorted(by_group.items(), key=lambda kv: kv[0] == ALL)
             }
             for name, by_group in tallies.items()
+        },
+        "calibration": {
+            name: {
+                "rank_temperature": temperatures[name],
+                "rank_temperature_fit": fit.best(),
+                "positions": fit.rows,
+            }
+            for name, fit in fits.items()
         },
     }

@@ -27,7 +27,7 @@ from exstill_sdk.protocol.messages import (
 )
 from exstill_sdk.speculative.trees import TokenTree, greedy_path
 
-TREE_TOP_KS = (2, 4)
+TREE_TOP_KS = (2, 4, 8)
 """The card's trees measured at each budget: children a node."""
 MAX_BUDGET = 256
 """A tree request's nodes travel in one byte (protocol/messages.py)."""

@@ -20,7 +20,7 @@ from exstill_sdk.image.checkpoint import Checkpoint, read_checkpoint
 from exstill_sdk.image.format import MAX_ARRAY_ITEMS, DType
 from exstill_sdk.image.gguf_file import GgufCheckpoint, is_gguf, read_gguf
 from exstill_sdk.image.quantize import quantize_rows
-from exstill_sdk.image.reader import HEAD_IDS
+from exstill_sdk.image.reader import HEAD_IDS, RANK_TEMPERATURE, RANK_TEMPERATURES
 from exstill_sdk.image.tokenizer import fingerprint_to_metadata
 from exstill_sdk.image.writer import ImageWriter, TensorSpec, WrittenImage
 
@@ -154,15 +154,21 @@ def pack_checkpoint(
     tokenizer: str | Path | None = None,
     progress: bool = False,
     head_ids: Sequence[int] | None = None,
+    rank_temperature: float | None = None,
 ) -> PackResult:
     """Pack ``source`` into an image for ``target``; with ``head_ids``, the output head keeps
-    only those tokens' rows (a frequency-ranked head, docs/image-format.md)."""
+    only those tokens' rows (a frequency-ranked head, docs/image-format.md); with
+    ``rank_temperature``, the temperature that calibrates the draft's probabilities (the card
+    ranks tree nodes and outcomes by them)."""
     if dtype not in DTYPES:
         raise CheckpointError(
             f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}"
         )
     if not target or len(target.encode()) > 64:
         raise CheckpointError("the target name must be 1..64 bytes")
+    low, high = RANK_TEMPERATURES
+    if rank_temperature is not None and not low <= rank_temperature <= high:
+        raise CheckpointError(f"the rank temperature must be from {low} to {high}")
     start = time.perf_counter()
     ckpt = read_source(source, tokenizer)
     config, ids = ckpt.config, None
@@ -181,6 +187,8 @@ def pack_checkpoint(
     }
     if ids is not None:
         metadata[HEAD_IDS] = ids
+    if rank_temperature is not None:
+        metadata[RANK_TEMPERATURE] = float(rank_temperature)
     if dtype == "int8":
         metadata["quant.scheme"] = "symmetric-per-row"
     specs = tensor_specs(config, dtype)

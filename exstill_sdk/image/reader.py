@@ -48,6 +48,11 @@ from exstill_sdk.image.signing import TrustedKeys, check_signature
 from exstill_sdk.image.tokenizer import TokenizerFingerprint, fingerprint_from_metadata
 
 HEAD_IDS = "head.ids"
+RANK_TEMPERATURE = "draft.rank_temperature"
+DEFAULT_RANK_TEMPERATURE = 0.5
+"""The ranking temperature of an image without one: images packed before the field, and the
+demo draft (whose calibrated temperature is 0.45, docs/benchmarks.md, token trees)."""
+RANK_TEMPERATURES = (0.05, 20.0)
 QUANT_DTYPES = {"f32": DType.F32, "f16": DType.F16, "int8": DType.I8}
 HASH_CHUNK = 16 << 20
 
@@ -98,6 +103,14 @@ def _head_ids(meta: Mapping[str, MetaValue], arch: DecoderConfig) -> np.ndarray 
         raise _fail(f"metadata {HEAD_IDS!r} must hold distinct ids below the vocabulary size")
     out.flags.writeable = False
     return out
+
+
+def _rank_temperature(meta: Mapping[str, MetaValue]) -> float:
+    value = meta.get(RANK_TEMPERATURE, DEFAULT_RANK_TEMPERATURE)
+    low, high = RANK_TEMPERATURES
+    if not isinstance(value, float) or not low <= value <= high:
+        raise _fail(f"metadata {RANK_TEMPERATURE!r} must be a float from {low} to {high}")
+    return value
 
 
 class CardImage:
@@ -222,6 +235,10 @@ class CardImage:
         self.head_ids = _head_ids(meta, self.arch)
         """Target ids of the output head's rows (a frequency-ranked head), or None when the
         head covers the whole vocabulary."""
+        self.rank_temperature = _rank_temperature(meta)
+        """The temperature that calibrates the draft's probabilities (``exstill distill`` fits
+        it): the card ranks a tree's nodes and the outcomes it drafts ahead for by the draft's
+        softmax at it."""
         self.tokenizer: TokenizerFingerprint = fingerprint_from_metadata(meta)
         expected: dict[str, tuple[int, tuple[int, ...]]] = {}
         for name, shape in self.arch.tensor_shapes().items():
@@ -291,6 +308,7 @@ class CardImage:
             "dtype": self.quant,
             "arch": {k.removeprefix("arch."): v for k, v in self.arch.to_metadata().items()},
             "tokenizer": self.tokenizer.to_dict(),
+            "rank_temperature": self.rank_temperature,
             "tensors": len(self.tensors),
             "parameters": sum(
                 int(np.prod(t.shape)) for n, t in self.tensors.items() if not n.endswith(".scale")

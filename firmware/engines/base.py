@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.image.reader import DEFAULT_RANK_TEMPERATURE
 from exstill_sdk.protocol.constants import TREE_ROOT, ModelKind
 from exstill_sdk.protocol.messages import Distribution, TreeRequest
 from exstill_sdk.support.sampling import SamplingParams
@@ -169,6 +170,9 @@ class DraftEngine(ABC):
     """0 for engines that draft any token id (prompt lookup)."""
     tokenizer_sha256: bytes = bytes(32)
     supports_long_context: bool = False
+    rank_temperature: float = DEFAULT_RANK_TEMPERATURE
+    """The softmax temperature at which the engine's logits rank tree nodes and the outcomes
+    drafted ahead for (``sampling.ranking_probs``): its image's, for a model."""
 
     @abstractmethod
     def open_state(

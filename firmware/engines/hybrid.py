@@ -106,6 +106,7 @@ class HybridEngine(DraftEngine):
         self.kind = model.kind
         self.vocab_size = model.vocab_size
         self.tokenizer_sha256 = model.tokenizer_sha256
+        self.rank_temperature = model.rank_temperature
 
     def open_state(
         self, capacity: int, sampling: Sampling, long_context: bool = False

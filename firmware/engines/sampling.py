@@ -23,16 +23,12 @@ from .base import Sampling
 
 WEIGHT_SCALE = 65535
 
-RANK_TEMPERATURE = 0.5
-"""What the card drafts beyond one chain (a tree's branches, the outcomes it drafts ahead for)
-is ranked by the draft's distribution sharpened by this temperature: the demo draft is right
-more often than its top probability says, and at 1.0 its probabilities spread the work too
-wide (docs/benchmarks.md, token trees; firmware/outcomes.py)."""
 
-
-def ranking_probs(logits: np.ndarray) -> np.ndarray:
-    """Each row's softmax at RANK_TEMPERATURE."""
-    z = (logits - logits.max(axis=-1, keepdims=True)) / RANK_TEMPERATURE
+def ranking_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Each row's softmax at ``temperature``: what the card drafts beyond one chain (a tree's
+    branches, the outcomes it drafts ahead for) is ranked by the draft's probabilities
+    calibrated by its image's ``rank_temperature`` (firmware/outcomes.py)."""
+    z = (logits - logits.max(axis=-1, keepdims=True)) / temperature
     probs = np.exp(z)
     probs /= probs.sum(axis=-1, keepdims=True)
     return probs

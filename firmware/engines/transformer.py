@@ -66,6 +66,7 @@ class TransformerEngine(DraftEngine):
         self.name = image.target
         self.vocab_size = arch.vocab_size
         self.tokenizer_sha256 = image.tokenizer.sha256
+        self.rank_temperature = image.rank_temperature
         self.positions = positions
         self.sinks = sinks
         self.inv_freq = inverse_frequencies(arch)[0]
@@ -116,7 +117,7 @@ class TransformerEngine(DraftEngine):
             ids = np.frombuffer(context, "<u4", n - valid, 4 * valid).astype(np.int64)
             logits = self.runner.prefill(state.row, ids, valid)[-1:]
             state.cached = bytearray(context)  # the tree's slots after it are scratch
-            grown = _Growth(shape.top_k)
+            grown = _Growth(shape.top_k, self.rank_temperature)
             grown.offer(-1, logits)
             fed: list[int] = []  # the nodes fed to the model, in slot order
             for _ in range(depth - 1):
@@ -251,8 +252,9 @@ class _Growth:
     """A tree being grown (``TransformerEngine.draft_tree``): every node made so far, each with
     its parent and its value, and the newest level."""
 
-    def __init__(self, top_k: int) -> None:
+    def __init__(self, top_k: int, temperature: float) -> None:
         self.top_k = top_k
+        self.temperature = temperature
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.values: list[float] = []
@@ -262,7 +264,7 @@ class _Growth:
         """The ``top_k`` likeliest children of each of ``parents`` (-1: the context), from
         their rows of logits; they become the newest level."""
         rows = [parents] if isinstance(parents, int) else parents
-        probs = ranking_probs(logits)
+        probs = ranking_probs(logits, self.temperature)
         k = min(self.top_k, probs.shape[-1])
         top = np.argpartition(-probs, k - 1, axis=-1)[:, :k]
         self.level = []

@@ -59,6 +59,9 @@ def test_distil_pack_and_draft_exactly(target: Path, tmp_path: Path) -> None:
     assert 0.0 < report["head_coverage"] <= 1.0
     with open_image(image) as img:
         assert img.head_ids.tolist() == head
+        # the temperature fitted on the held-out answers is packed (tests/distill/test_train.py)
+        assert img.rank_temperature == report["rank_temperature"]
+        assert 0.1 <= report["rank_temperature"] <= 10.0
     # it learns the target's answers (a random tiny target has nothing more general to learn)
     assert report["train_agreement_after"] > report["train_agreement_before"] + 0.2
     assert 0.0 <= report["agreement_after"] <= 1.0

@@ -121,11 +121,21 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
             assert list(row["trees"]) == ["4", "8"]
             assert row["trees"]["4"]["chain"] == row["tau"]["3"]
             for n, shapes in row["trees"].items():
-                assert list(shapes) == ["chain", "top2", "top4", "best_over_chain"]
-                assert all(1.0 <= shapes[s] <= int(n) for s in ("top2", "top4"))
-                best = max(shapes["top2"], shapes["top4"]) / shapes["chain"]
+                assert list(shapes) == ["chain", "top2", "top4", "top8", "best_over_chain"]
+                assert all(1.0 <= shapes[s] <= int(n) for s in ("top2", "top4", "top8"))
+                best = max(shapes["top2"], shapes["top4"], shapes["top8"]) / shapes["chain"]
                 assert shapes["best_over_chain"] == pytest.approx(best, abs=1e-3)
     assert "trees" not in drafters["prompt lookup"]["all"]
+    # calibration: the images carry the default rank temperature; the target drafting for
+    # itself is always right, so the coldest temperature tried fits it best; a draft with a
+    # head is fitted on the positions whose token is in its head
+    calibration = report["calibration"]
+    assert list(calibration) == ["self", "other", "selfhead"]
+    assert all(c["rank_temperature"] == 0.5 for c in calibration.values())
+    assert calibration["self"]["rank_temperature_fit"] == 0.1
+    assert calibration["self"]["positions"] == itself["tokens"] == sum(map(len, continuations))
+    assert calibration["selfhead"]["positions"] == inside
+    assert 0.1 < calibration["other"]["rank_temperature_fit"] <= 10.0
     for shapes in drafters["self"]["all"]["trees"].values():
         assert 1.0 < shapes["top2"] <= shapes["chain"] and shapes["top4"] <= shapes["chain"]
 

@@ -44,6 +44,8 @@ ROUNDING = 4
 an outcome's draft (and a draft finished after one) comes from keys, values and logits of the
 tree graph, whose arithmetic differs from the chain step's by float rounding; each token is
 drawn from exactly the weights sent with it."""
+TEMPERATURE = 0.5
+"""A rank temperature for the pure ranking tests."""
 
 
 def assert_same_draft(got, want) -> None:
@@ -64,7 +66,7 @@ def test_outcomes_are_ranked_as_brute_force_scores_them(seed: int) -> None:
     k, vocab = 5, 12
     logits = rng.normal(0, 2, (k + 1, vocab)).astype(np.float32)
     drafted = [int(rng.integers(vocab)) for _ in range(k + 1)]  # a sampled draft: any token
-    probs = ranking_probs(logits)
+    probs = ranking_probs(logits, TEMPERATURE)
     everything = {}
     for j in range(k + 1):
         reach = float(np.prod([probs[i, drafted[i]] for i in range(j)]))
@@ -72,7 +74,7 @@ def test_outcomes_are_ranked_as_brute_force_scores_them(seed: int) -> None:
         for b in top.tolist():
             if b != drafted[j]:
                 everything[(j, b)] = reach * probs[j, b]
-    ranked = rank_outcomes(drafted, logits, 7)
+    ranked = rank_outcomes(drafted, logits, 7, TEMPERATURE)
     assert len(ranked) == 7
     want = sorted(everything.values(), reverse=True)[:7]
     assert [o.score for o in ranked] == pytest.approx(want, rel=1e-5)
@@ -139,7 +141,7 @@ def test_outcome_drafts_are_hf_greedy_continuations(model_pair) -> None:
     k = 5
     drafted, logits = drafted_ahead(state, context, k)
     assert drafted == generate(model, context, k + 1)
-    ranked = rank_outcomes(drafted, logits, 9)
+    ranked = rank_outcomes(drafted, logits, 9, TEMPERATURE)
     roots = [(o.accepted, o.bonus) for o in ranked] + [(2, 7), (0, 3)]  # and two unlikely ones
     drafts = state.draft_outcomes(pack(drafted[:k]), roots, k + 1, lambda: False)
     assert drafts is not None and len(drafts) == len(roots)
@@ -167,7 +169,7 @@ def test_outcome_drafts_of_a_sampled_stream_are_its_own_chains(model_pair) -> No
     state.extend(pack(context))
     k = 4
     drafted, logits = drafted_ahead(state, context, k)
-    roots = [(o.accepted, o.bonus) for o in rank_outcomes(drafted, logits, 6)]
+    roots = [(o.accepted, o.bonus) for o in rank_outcomes(drafted, logits, 6, TEMPERATURE)]
     drafts = state.draft_outcomes(pack(drafted[:k]), roots, k + 1, lambda: False)
     assert drafts is not None
     for made in drafts:
@@ -187,7 +189,7 @@ def test_stopped_outcome_drafts_are_begun_drafts_a_commit_finishes(model_pair) -
     state.extend(pack(context))
     drafted, logits = drafted_ahead(state, context, 4)
     calls = itertools.count()
-    roots = [(o.accepted, o.bonus) for o in rank_outcomes(drafted, logits, 5)]
+    roots = [(o.accepted, o.bonus) for o in rank_outcomes(drafted, logits, 5, TEMPERATURE)]
     begun = state.draft_outcomes(pack(drafted[:4]), roots, 5, lambda: next(calls) >= 2)
     assert next(calls) == 3  # asked before each pass: two passes ran, the third was stopped
     assert begun is not None

@@ -14,12 +14,13 @@ torch = pytest.importorskip("torch")
 from exstill_firmware import CardRuntime  # noqa: E402
 from exstill_firmware.engines.base import Sampling  # noqa: E402
 from exstill_firmware.engines.lookup import LookupEngine  # noqa: E402
-from exstill_firmware.engines.sampling import RANK_TEMPERATURE  # noqa: E402
 from exstill_firmware.engines.transformer import TransformerEngine  # noqa: E402
 
 from exstill_sdk.card import Card  # noqa: E402
 from exstill_sdk.errors import InvalidArgumentError  # noqa: E402
 from exstill_sdk.image import open_image  # noqa: E402
+from exstill_sdk.image.pack import pack_checkpoint  # noqa: E402
+from exstill_sdk.image.reader import DEFAULT_RANK_TEMPERATURE  # noqa: E402
 from exstill_sdk.protocol.constants import Features, Opcode  # noqa: E402
 from exstill_sdk.protocol.drafts import Verdict  # noqa: E402
 from exstill_sdk.protocol.messages import (  # noqa: E402
@@ -34,18 +35,23 @@ from .test_transformer import generate, hf_logits, tokens, unpack  # noqa: E402
 
 
 def grown_tree(
-    model, context: list[int], nodes: int, top_k: int, depth: int
+    model,
+    context: list[int],
+    nodes: int,
+    top_k: int,
+    depth: int,
+    temperature: float = DEFAULT_RANK_TEMPERATURE,
 ) -> tuple[list[int], list[int]]:
     """EAGLE-2's growth (TransformerEngine.draft_tree) from HF's logits, path by path: levels
     of each expanded node's top-k children, the top-k best of a level expanded, the ``nodes``
-    best of all kept, ranked by the product of the sharpened probabilities along the path;
-    (tokens, parents) in the order made."""
+    best of all kept, ranked by the product of the probabilities at the image's rank
+    ``temperature`` along the path; (tokens, parents) in the order made."""
     made: list[tuple[int, int, float, list[int]]] = []  # token, parent, value, path
 
     def children(parent: int) -> list[int]:
         path = made[parent][3] if parent >= 0 else []
         logits = hf_logits(model, context + path)[-1].astype(np.float64)
-        probs = np.exp((logits - logits.max()) / RANK_TEMPERATURE)
+        probs = np.exp((logits - logits.max()) / temperature)
         probs /= probs.sum()
         base = made[parent][2] if parent >= 0 else 1.0
         out = []
@@ -85,6 +91,29 @@ def test_transformer_tree_is_the_growth_of_hf_logits(model_pair) -> None:
         context += kept
     # a chain after trees is HF's greedy continuation
     assert unpack(state.propose(6).tokens) == generate(model, context, 6)
+
+
+def test_the_tree_is_ranked_at_the_images_rank_temperature(model_pair, tmp_path) -> None:
+    """An image packed with a rank temperature (exstill distill fits one) grows its trees by
+    its softmax at that temperature: the same weights packed with 4.0 grow another tree."""
+    model, image, directory = model_pair
+    warm = tmp_path / "warm.img"
+    pack_checkpoint(directory, warm, "warm", "f32", rank_temperature=4.0)
+    shape, differ = TreeRequest(10, 4, 5), 0
+    for seed in range(4):
+        context = tokens(12, seed)
+        made = []
+        for path in (image, warm):
+            with open_image(path) as opened:
+                state = TransformerEngine(opened, rows=1, positions=128).open_state(128, Sampling())
+                state.extend(struct.pack(f"<{len(context)}I", *context))
+                tree = state.propose_tree(shape)
+                made.append((unpack(tree.tokens), list(parents_from_wire(tree.parents))))
+                state.close()
+        assert made[0] == grown_tree(model, context, 10, 4, 5)
+        assert made[1] == grown_tree(model, context, 10, 4, 5, temperature=4.0)
+        differ += made[0] != made[1]
+    assert differ  # the temperature changes what the card drafts
 
 
 def test_sampled_and_long_context_streams_draft_chains(model_pair) -> None:

@@ -98,12 +98,13 @@ def rank_temperature(
     import torch
 
     fit = RankTemperatureFit()
-    head = None if head_ids is None else {int(t): row for row, t in enumerate(head_ids)}
-    for logits, best in answer_logits(draft, examples):
-        if head is None:
+    if head_ids is None:
+        for logits, best in answer_logits(draft, examples):
             fit.add(logits.float().cpu().numpy(), best)
-        else:
-            columns = torch.tensor(list(head), dtype=torch.long, device=logits.device)
-            rows = np.array([head.get(int(t), -1) for t in best], np.int64)
-            fit.add(logits[:, columns].float().cpu().numpy(), rows)
+        return fit.best()
+    row_of = {int(t): row for row, t in enumerate(head_ids)}
+    columns = torch.tensor(list(row_of), dtype=torch.long, device=draft.device)
+    for logits, best in answer_logits(draft, examples):
+        rows = np.array([row_of.get(int(t), -1) for t in best], np.int64)
+        fit.add(logits[:, columns].float().cpu().numpy(), rows)
     return fit.best()

@@ -248,6 +248,9 @@ def test_trees_bench_sets_trees_beside_the_chain() -> None:
     assert timed["chosen_limit"] == max(limits.values())
     assert timed["chosen"].split(" (")[0] in limits
     assert result["files"] == 1 and result["rounds_per_file"] == 3
+    # the demo draft's calibration on the same text: its image ranks at the default 0.5
+    cal = result["rank_temperature"]
+    assert cal["image"] == 0.5 and cal["positions"] > 0 and 0.1 <= cal["fit"] <= 10.0
     assert [row["budget"] for row in result["rows"]] == [2, 6]
     one = result["rows"][0]
     for row in result["rows"]:

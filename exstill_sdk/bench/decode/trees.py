@@ -38,6 +38,7 @@ from exstill_sdk.image import open_image
 from exstill_sdk.protocol.messages import TreeRequest, parents_from_wire
 from exstill_sdk.speculative.shapes import Shape, choose_shape, speedup_limit
 from exstill_sdk.speculative.trees import TokenTree, best_first_tree, greedy_path
+from exstill_sdk.support.calibration import RankTemperatureFit
 from exstill_sdk.support.sampling import SamplingParams, shaped_probs
 
 DEFAULT_BUDGETS = (2, 4, 8, 16, 32, 64)
@@ -69,6 +70,12 @@ def run(
     target = OnnxTarget(data / "target.img", positions=POSITIONS, threads=1)
     draft = OnnxTarget(data / "draft.img", positions=POSITIONS, threads=1)
     card = TransformerEngine(open_image(data / "draft.img"), rows=1, positions=POSITIONS)
+    calibration = RankTemperatureFit()  # the draft's probabilities of the target's tokens
+    for text in texts:
+        rows_of = [model.verify(0, text[:1], text[1:]) for model in (draft, target)]
+        calibration.add(rows_of[0], rows_of[1].argmax(axis=-1))
+    for model in (draft, target):
+        model.release(0)
     shapes = ((1, 1.0), *trees)  # the chain: the top-1 child of each node
     kept: dict[tuple[int, int, float], list[int]] = {
         (b, k, t): [] for b in budgets for k, t in shapes
@@ -132,6 +139,11 @@ def run(
         "files": len(texts),
         "context_tokens": context_tokens,
         "rounds_per_file": rounds,
+        "rank_temperature": {
+            "image": card.rank_temperature,
+            "fit": calibration.best(),
+            "positions": calibration.rows,
+        },
         "rows": rows,
     }
     if timed_on is not None:
@@ -203,6 +215,11 @@ def table(result: dict[str, Any]) -> str:
                 f"{row['best_tree_limit']:>9.2f}x"
             )
         lines.append(line)
+    cal = result["rank_temperature"]
+    lines.append(
+        f"the card ranks at the draft image's rank temperature {cal['image']}; this text "
+        f"calibrates the draft at {cal['fit']} ({cal['positions']} positions)"
+    )
     if timed:
         t = result["target"]
         lines.append(

@@ -168,7 +168,9 @@ class DraftStream:
 
     def draft_tree(self, shape: m.TreeRequest, timeout: float | None = None) -> Draft:
         """Propose a token tree of ``shape`` after the committed context (a card with
-        Features.TREES); a chain-shaped answer comes as a chain (``Draft.parents`` None)."""
+        Features.TREES); a chain-shaped answer comes as a chain (``Draft.parents`` None). A
+        sampled stream's tree needs DIST wire mode (Features.SAMPLED_TREES): its children were
+        drawn, and ``Draft.dists`` holds what each node was drawn from."""
         reply = self._ask_draft(
             lambda rid: m.draft_tree_frame(rid, self.handle, shape),
             Opcode.DRAFT_TREE,

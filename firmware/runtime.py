@@ -347,7 +347,7 @@ class CardRuntime:
             for e in self.models.values()
             if e.kind == ModelKind.TARGET
         ]
-        features = Features.PIPELINING | Features.TREES
+        features = Features.PIPELINING | Features.TREES | Features.SAMPLED_TREES
         if self.prefetcher:
             features |= Features.PREFETCH
             if self.prefetcher.outcomes:

@@ -9,6 +9,7 @@ runtime (runtime.py) checks frames and sessions and seals the replies.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from time import perf_counter
 
@@ -38,6 +39,11 @@ from .engines.hybrid import HybridEngine
 from .prefetch import Prefetcher
 from .streams import Session, Stream, StreamTable
 from .telemetry import Telemetry
+
+
+def one_hot(draft: bytes) -> tuple[Distribution, ...]:
+    """A deterministic draft's distributions (u32 LE tokens): each token alone, weight 1."""
+    return tuple(Distribution((t,), (1,)) for (t,) in struct.iter_unpack("<I", draft))
 
 
 class Deferred:
@@ -337,10 +343,10 @@ class StreamService:
                 f"{shape.nodes} and {shape.top_k}",
                 ErrorCode.K_OUT_OF_RANGE,
             )
-        if not stream.sampling.greedy and shape.top_k > 1:
+        if not stream.sampling.greedy and not stream.dist and shape.top_k > 1:
             raise InvalidArgumentError(
-                "this card drafts trees for greedy streams only; draft a sampled stream in "
-                "chains (DRAFT, COMMIT) or ask for top-k 1"
+                "a sampled stream's tree needs its distributions on the wire: open the stream "
+                "in DIST wire mode, or ask for top-k 1"
             )
 
     def _tree_reply(self, stream: Stream, shape: m.TreeRequest) -> bytes:
@@ -354,7 +360,12 @@ class StreamService:
         t = self.telemetry
         t.drafts += 1
         t.draft_tokens += len(proposal.parents)
-        return m.tree_reply_payload(False, proposal.tokens, proposal.parents, proposal.lookup)
+        dists = None
+        if stream.dist and not stream.sampling.greedy:  # a deterministic draft is one-hot
+            dists = proposal.dists or one_hot(proposal.tokens)
+        return m.tree_reply_payload(
+            False, proposal.tokens, proposal.parents, proposal.lookup, dists
+        )
 
     def draft_deferred(self, jobs: Sequence[Deferred]) -> list[bytes | Exception]:
         """The deferred drafts, one ``propose_many`` per engine: each job's reply payload, or

@@ -157,6 +157,9 @@ class Features(IntFlag):
     """The card drafts ahead for several verification outcomes, not only full acceptance
     (docs/protocol.md section 8): a COMMIT of any of them is answered at once, with
     PREFETCH_HIT. Nothing on the wire changes; STATS counts hits by accepted length."""
+    SAMPLED_TREES = 0x20
+    """The card drafts token trees for sampled streams in DIST mode: each node's children drawn
+    from its distribution without replacement, the distributions in the TreeReply (HAS_DIST)."""
 
 
 class ImageState(IntEnum):

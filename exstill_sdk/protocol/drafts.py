@@ -47,7 +47,8 @@ class Draft(NamedTuple):
     prefetch_hit: bool = False
     """True when the card had drafted this ahead while the host verified."""
     dists: tuple[Distribution, ...] | None = None
-    """In DIST wire mode, the exact distribution each token was sampled from."""
+    """In DIST wire mode, the exact distribution each token was sampled from (a sampled
+    tree's: its parent's, which its siblings were drawn from too)."""
     lookup: bool = False
     """True when prompt lookup drafted it (a stream opened with ``lookup=True``), not the
     model."""

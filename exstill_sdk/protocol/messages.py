@@ -8,6 +8,7 @@ of the same bytes, and tests/protocol/test_schema_agreement.py shows the two agr
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exstill_sdk.errors import ProtocolError
@@ -57,6 +58,7 @@ _KNOWN_DRAFT_FLAGS = int(DraftFlags.PREFETCH_HIT | DraftFlags.HAS_DIST | DraftFl
 _PLAIN_DRAFT_FLAGS = int(DraftFlags.PREFETCH_HIT | DraftFlags.LOOKUP)
 """Flags of a draft the host reads straight from the frame (no distributions)."""
 _HIT, _LOOKUP = int(DraftFlags.PREFETCH_HIT), int(DraftFlags.LOOKUP)
+_DIST = int(DraftFlags.HAS_DIST)
 
 
 def _bad(what: str) -> ProtocolError:
@@ -430,6 +432,17 @@ def draft_frame(rid: int, handle: int, k: int) -> bytes:
     return seal(DRAFT_FRAME.pack(PROTOCOL_VERSION, Opcode.DRAFT, rid, handle, 1, k))
 
 
+def _read_dist(r: _Reader) -> Distribution:
+    (m,) = r.take(U8)
+    if m == 0:
+        raise _bad("a distribution has no entries")
+    dist_tokens = r.take(TOKENS[m])
+    weights = r.take(WEIGHTS[m])
+    if not any(weights):
+        raise _bad("a distribution's weights sum to zero")
+    return Distribution(dist_tokens, weights)
+
+
 def decode_draft_reply(data: bytes) -> Draft:
     try:
         flags, n = DRAFT_REPLY_HEAD.unpack_from(data)
@@ -443,17 +456,7 @@ def decode_draft_reply(data: bytes) -> Draft:
     if flags & DraftFlags.HAS_DIST:
         r = _Reader(data)
         r.pos = pos
-        out = []
-        for _ in range(n):
-            (m,) = r.take(U8)
-            if m == 0:
-                raise _bad("a distribution has no entries")
-            dist_tokens = r.take(TOKENS[m])
-            weights = r.take(WEIGHTS[m])
-            if not any(weights):
-                raise _bad("a distribution's weights sum to zero")
-            out.append(Distribution(dist_tokens, weights))
-        dists = tuple(out)
+        dists = tuple(_read_dist(r) for _ in range(n))
         pos = r.pos
     if pos != len(data):
         raise _bad(f"{len(data) - pos} unexpected bytes after the draft")
@@ -526,24 +529,42 @@ def decode_commit_tree_request(data: bytes) -> CommitTreeRequest:
     return CommitTreeRequest(path, bonus, TreeRequest(nodes, top_k, depth))
 
 
-def tree_reply_payload(prefetch_hit: bool, draft: bytes, parents: bytes, lookup: bool) -> bytes:
+def tree_reply_payload(
+    prefetch_hit: bool,
+    draft: bytes,
+    parents: bytes,
+    lookup: bool,
+    dists: Sequence[Distribution] | None = None,
+) -> bytes:
     """A DRAFT_TREE or COMMIT_TREE reply's payload: flags, count, the tokens (u32 LE, as the
-    card keeps them), then each node's parent (u8; TREE_ROOT for the context)."""
+    card keeps them), then each node's parent (u8; TREE_ROOT for the context). With ``dists``
+    (a sampled stream in DIST mode: per node, the distribution it was drawn from), the
+    HAS_DIST flag and, after the parents, each parent's distribution once, where its first
+    child is: siblings were drawn from one distribution, one after another."""
     flags = (DraftFlags.PREFETCH_HIT if prefetch_hit else 0) | (DraftFlags.LOOKUP if lookup else 0)
-    return DRAFT_REPLY_HEAD.pack(flags, len(parents)) + draft + parents
+    if dists is None:
+        return DRAFT_REPLY_HEAD.pack(flags, len(parents)) + draft + parents
+    if len(dists) != len(parents):
+        raise _bad("a sampled tree needs one distribution per node")
+    first: dict[int, Distribution] = {}
+    for p, d in zip(parents, dists, strict=True):
+        if first.setdefault(p, d) != d:
+            raise _bad("siblings are drawn from one distribution; these differ")
+    head = DRAFT_REPLY_HEAD.pack(flags | DraftFlags.HAS_DIST, len(parents))
+    return head + draft + parents + b"".join(encode_dist(d) for d in first.values())
 
 
 def encode_tree_reply(m: Draft) -> bytes:
     n = len(m.tokens)
     parents = m.parents if m.parents is not None else chain_links(n)
-    if n > MAX_TREE_NODES or len(parents) != n or m.dists is not None:
-        raise _bad(f"a tree has at most {MAX_TREE_NODES} nodes, one parent each, no dists")
+    if n > MAX_TREE_NODES or len(parents) != n:
+        raise _bad(f"a tree has at most {MAX_TREE_NODES} nodes, one parent each")
     try:
         draft = TOKENS[n].pack(*m.tokens)
         wire = bytes(TREE_ROOT if p < 0 else p for p in parents)
     except (struct.error, ValueError):
         raise _bad("token ids must be u32 and parents node indices") from None
-    return tree_reply_payload(m.prefetch_hit, draft, wire, m.lookup)
+    return tree_reply_payload(m.prefetch_hit, draft, wire, m.lookup, m.dists)
 
 
 def decode_tree_reply(data: bytes) -> Draft:
@@ -552,14 +573,27 @@ def decode_tree_reply(data: bytes) -> Draft:
         tokens = TOKENS[n].unpack_from(data, 2)
     except struct.error:
         raise _bad("tree reply ends inside its tokens") from None
-    if flags & ~_PLAIN_DRAFT_FLAGS & 0xFF:
+    if flags & ~_KNOWN_DRAFT_FLAGS & 0xFF:
         raise _bad(f"tree reply has unknown flags 0x{flags:02x}")
-    if n > MAX_TREE_NODES or len(data) != 2 + 5 * n:
+    end = 2 + 5 * n
+    if n > MAX_TREE_NODES or len(data) < end or (len(data) > end and not flags & _DIST):
         raise _bad(f"a tree reply of {n} nodes must be {2 + 5 * n} bytes, at most {MAX_TREE_NODES}")
-    parents = parents_from_wire(data[2 + 4 * n :])
+    wire = data[2 + 4 * n : end]
+    parents = parents_from_wire(wire)
     if any(p >= i for i, p in enumerate(parents)):
         raise _bad("a tree node's parent must come before it")
-    return Draft(tokens, bool(flags & _HIT), None, bool(flags & _LOOKUP), chain_or_tree(parents))
+    dists = None
+    if flags & _DIST:
+        r = _Reader(data)
+        r.pos = end
+        of_parent: dict[int, Distribution] = {}
+        for p in wire:
+            if p not in of_parent:
+                of_parent[p] = _read_dist(r)
+        if r.pos != len(data):
+            raise _bad(f"{len(data) - r.pos} unexpected bytes after the tree")
+        dists = tuple(of_parent[p] for p in wire)
+    return Draft(tokens, bool(flags & _HIT), dists, bool(flags & _LOOKUP), chain_or_tree(parents))
 
 
 def draft_tree_frame(rid: int, handle: int, shape: TreeRequest) -> bytes:

@@ -125,7 +125,7 @@ TREE_REPLY = c.Struct(
     / c.BitStruct(
         "reserved" / c.Const(0, c.BitsInteger(5)),
         "lookup" / c.Flag,
-        "has_dist" / c.Const(False, c.Flag),
+        "has_dist" / c.Flag,
         "prefetch_hit" / c.Flag,
     ),
     "count" / c.Int8ul,
@@ -133,10 +133,13 @@ TREE_REPLY = c.Struct(
     "tokens" / c.Array(c.this.count, c.Int32ul),
     "parents" / c.Array(c.this.count, c.Int8ul),
     c.Check(lambda ctx: all(p == TREE_ROOT or p < i for i, p in enumerate(ctx.parents))),
+    "dists" / c.If(c.this.flags.has_dist, c.Array(lambda ctx: len(set(ctx.parents)), DISTRIBUTION)),
     c.Terminated,
 )
 """A token tree: node i's parent is ``parents[i]`` (an earlier node, or TREE_ROOT for the
-context)."""
+context). A sampled stream's tree (DIST mode) carries each parent's distribution once, in the
+order of its first child: its children were drawn from it one after another, without
+replacement."""
 
 ERROR_REPLY = c.Struct("code" / c.Int16ul, "message" / c.GreedyString("utf8"), c.Terminated)
 

@@ -53,7 +53,12 @@ from exstill_sdk.speculative.rounds import CatchUp, Commit, KPlanner, PolicyPlan
 from exstill_sdk.speculative.sampling import SamplingParams, target_probs
 from exstill_sdk.speculative.shapes import TreeChooser
 from exstill_sdk.speculative.timing import PassClock
-from exstill_sdk.speculative.trees import TokenTree, verify_tree_greedy
+from exstill_sdk.speculative.trees import (
+    TokenTree,
+    drawn_from,
+    verify_tree_greedy,
+    verify_tree_sampled,
+)
 from exstill_sdk.stream import DraftStream
 
 FinishReason = Literal["stop", "length"]
@@ -121,8 +126,9 @@ class SpeculativeDecoder:
     ``k`` is a fixed draft length, ``"adaptive"`` (see exstill_sdk.speculative.adaptive), or a
     ``KPolicy`` of the caller's, which then chooses K for rounds of one sequence.
 
-    ``trees``: ``"off"`` (the default) drafts chains only. Where trees can run (greedy
-    decoding, a target that scores trees, a card with Features.TREES), ``"auto"`` lets a lone
+    ``trees``: ``"off"`` (the default) drafts chains only. Where trees can run (a target that
+    scores trees, a card with Features.TREES; sampled decoding also needs DIST wire mode and
+    Features.SAMPLED_TREES), ``"auto"`` lets a lone
     sequence measure the steady chain against ``DEFAULT_TREES`` and draft the shape that gives
     the most tokens a second (``TreeChooser``; a batch drafts chains); one ``TreeRequest``
     fixes the tree for every sequence, batches included (their trees and chains scored in one
@@ -213,11 +219,14 @@ class SpeculativeDecoder:
             raise InvalidArgumentError(
                 f"trees must be 'auto', 'off', a TreeRequest or a list of them, not {trees!r}"
             )
-        if not self.sampling.greedy:
-            self.tree_note = "chains only: trees are drafted for greedy decoding"
+        features = self.card.info().features
+        if not self.sampling.greedy and self.wire_mode != WireMode.DIST:
+            self.tree_note = "chains only: sampled trees need their distributions (DIST mode)"
+        elif not self.sampling.greedy and not features & Features.SAMPLED_TREES:
+            self.tree_note = "chains only: the card drafts trees for greedy decoding only"
         elif not self.target.supports_trees:
             self.tree_note = f"chains only: {type(self.target).__name__} does not score trees"
-        elif not self.card.info().features & Features.TREES:
+        elif not features & Features.TREES:
             self.tree_note = "chains only: the card does not draft trees"
         if self.tree_note:
             return None
@@ -597,10 +606,13 @@ class SpeculativeDecoder:
                     raise
                 self._card_full_at = self._streams_freed
             else:
-                (result,) = exchange(self.card, [CatchUp(stream, s.tokens, k)])
+                fixed = self._trees is not None and self._trees.fixed
+                shape = self._fixed_tree(s, k) if fixed else k  # a fixed tree from the start
+                (result,) = exchange(self.card, [CatchUp(stream, s.tokens, shape)])
                 if isinstance(result, ExstillError):
                     raise result
                 s.draft, s.card = result, CardState.IN_STEP
+                s.asked = shape if isinstance(shape, TreeRequest) else None
         s.metrics.card_wait_s += time.perf_counter() - t0
 
     def _accept(self, s: _Sequence, logits: np.ndarray) -> Verdict:
@@ -622,7 +634,8 @@ class SpeculativeDecoder:
         return verify_tokens_only(draft.tokens, p, s.rng)
 
     def _accept_tree(self, s: _Sequence, logits: np.ndarray) -> Verdict:
-        """The target's greedy verdict on the sequence's tree draft; its cache keeps the path."""
+        """The target's verdict on the sequence's tree draft (greedy, or recursive rejection
+        sampling over the siblings the card drew); its cache keeps the path."""
         draft = s.draft
         assert draft.parents is not None
         logits = np.asarray(logits)
@@ -632,7 +645,14 @@ class SpeculativeDecoder:
                 f"({len(draft.tokens) + 1}, {self.target.vocab_size})"
             )
         tree = TokenTree(draft.tokens, draft.parents)
-        nodes, token = verify_tree_greedy(tree, logits)
+        if self.sampling.greedy:
+            nodes, token = verify_tree_greedy(tree, logits)
+        else:
+            if not np.isfinite(logits).all():
+                raise TargetOutputError("target returned NaN or infinite logits")
+            p = target_probs(logits, self.sampling)
+            q = drawn_from(tree, draft.dists, self.target.vocab_size)
+            nodes, token = verify_tree_sampled(tree, p, q, s.rng)
         self.target.keep_path(s.index, tree, nodes)
         return Verdict(len(nodes), token, tuple(nodes))
 

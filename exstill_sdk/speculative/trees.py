@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from exstill_sdk.errors import TargetOutputError
-from exstill_sdk.protocol.drafts import chain_links
+from exstill_sdk.errors import ProtocolError, TargetOutputError
+from exstill_sdk.protocol.drafts import Distribution, chain_links
 from exstill_sdk.speculative.sampling import sample
-from exstill_sdk.support.trees import ancestry, depths
+from exstill_sdk.support.trees import ancestry, depths, grow_sampled_tree
 
 __all__ = [
     "ROOT",
@@ -165,69 +165,65 @@ def sampled_tree(
     rng: np.random.Generator,
 ) -> TokenTree:
     """A tree for sampled verification (``verify_tree_sampled``): each node's children drawn
-    one after another from the draft's distribution without replacement (at most ``top_k``),
-    listed in the order drawn, ``budget`` nodes in all.
-
-    Which child slots the tree spends its budget on is decided best first, as in
-    ``best_first_tree``, but a slot is ranked *before* its token is drawn: by the path's
-    cumulative probability, the mass left to draw from, and the chance that a draw from it
-    lands on a likely token (the sum of its squared renormalised probabilities). A rank that
-    looked at the drawn token would make a child's presence depend on its own token, and its
-    law would no longer be the one recursive rejection sampling assumes."""
+    one after another from the draft's distribution ``next_probs(path)`` without replacement
+    (at most ``top_k``), listed in the order drawn, ``budget`` nodes in all; the slots are
+    chosen as the card chooses them (exstill_sdk.support.trees.grow_sampled_tree)."""
     if budget < 1 or top_k < 1:
         raise ValueError("a tree needs a budget and top_k of at least 1")
-    tokens: list[int] = []
-    parents: list[int] = []
-    paths: list[list[int]] = []
-    left: dict[int, np.ndarray] = {}  # per node: the draft's distribution not drawn yet
-    value: dict[int, float] = {ROOT: 1.0}  # per node: its path's cumulative probability
-    drawn: dict[int, int] = {}
-    heap: list[tuple[float, int, int]] = []  # (-rank, order, the node whose next child it is)
-    order = 0
 
-    def offer(node: int, bound: float) -> None:
-        """Rank the node's next child slot, never above ``bound`` (its previous sibling's)."""
-        nonlocal order
-        q = left[node]
-        mass = float(q.sum())
-        if mass <= 0 or drawn.get(node, 0) >= top_k:
-            return
-        rank = min(bound, value[node] * mass * float(np.square(q / mass).sum()))
-        heapq.heappush(heap, (-rank, order, node))
-        order += 1
+    def path(node: int, tokens: list[int], parents: list[int]) -> list[int]:
+        out: list[int] = []
+        while node != ROOT:
+            out.append(tokens[node])
+            node = parents[node]
+        return out[::-1]
 
-    def open_node(node: int, path: list[int]) -> None:
-        left[node] = np.asarray(next_probs(path), np.float64).copy()
-        offer(node, 1.0)
+    def open_nodes(
+        nodes: list[int], tokens: list[int], parents: list[int]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        out = []
+        for node in nodes:
+            q = np.asarray(next_probs(path(node, tokens, parents)), np.float64)
+            out.append((np.arange(len(q)), q))
+        return out
 
-    open_node(ROOT, [])
-    while heap and len(tokens) < budget:
-        rank, _, parent = heapq.heappop(heap)
-        q = left[parent]
-        x = sample(q / q.sum(), rng)
-        node = len(tokens)
-        tokens.append(x)
-        parents.append(parent)
-        paths.append([*(paths[parent] if parent != ROOT else []), x])
-        value[node] = value[parent] * float(q[x])
-        q[x] = 0.0
-        drawn[parent] = drawn.get(parent, 0) + 1
-        offer(parent, -rank)
-        if len(tokens) < budget:
-            open_node(node, paths[node])
-    return TokenTree(tuple(tokens), tuple(parents))
+    def draw(_node: int, weights: np.ndarray) -> int:
+        return sample(weights / weights.sum(), rng)
+
+    grown = grow_sampled_tree(open_nodes, budget, top_k, budget, draw)
+    return TokenTree(tuple(grown.tokens), tuple(grown.parents))
+
+
+def drawn_from(
+    tree: TokenTree, dists: Sequence[Distribution] | None, vocab: int
+) -> dict[int, np.ndarray]:
+    """The draft's rows of ``q`` for ``verify_tree_sampled`` from a sampled tree's
+    distributions on the wire (per node, the one it was drawn from): row p + 1 for each
+    parent p, over ``vocab`` tokens."""
+    if dists is None or len(dists) != len(tree):
+        raise ProtocolError(
+            "the card's sampled tree lacks the distribution each node was drawn from"
+        )
+    rows: dict[int, np.ndarray] = {}
+    for parent, dist in zip(tree.parents, dists, strict=True):
+        if parent + 1 not in rows:
+            row = np.zeros(vocab)
+            np.add.at(row, np.asarray(dist.tokens, np.int64), np.asarray(dist.weights, np.float64))
+            rows[parent + 1] = row / row.sum()
+    return rows
 
 
 def verify_tree_sampled(
     tree: TokenTree,
     p: np.ndarray,
-    q: np.ndarray,
+    q: np.ndarray | Mapping[int, np.ndarray],
     rng: np.random.Generator,
 ) -> tuple[list[int], int]:
     """(the kept nodes, the token after them) by recursive rejection sampling (module
-    docstring). ``p`` and ``q`` are [len(tree) + 1, vocab] probabilities of the target and of
-    the draft: row 0 after the context, row i + 1 after node i; a node's children must be
-    listed in the order they were drawn from its row of ``q``."""
+    docstring). ``p`` is [len(tree) + 1, vocab] probabilities of the target and ``q`` the
+    draft's rows (an array like ``p``, or the rows of the nodes with children): row 0 after
+    the context, row i + 1 after node i; a node's children must be listed in the order they
+    were drawn from its row of ``q``."""
     kids: dict[int, list[int]] = {}
     for i, parent in enumerate(tree.parents):
         kids.setdefault(parent, []).append(i)
@@ -235,12 +231,14 @@ def verify_tree_sampled(
     node = ROOT
     while True:
         target = p[node + 1].astype(np.float64)
-        draft = q[node + 1].astype(np.float64)
         chosen = None
+        draft = q[node + 1].astype(np.float64) if node in kids else target
         for child in kids.get(node, []):
             x = tree.tokens[child]
             if draft[x] <= 0:
-                raise ValueError(f"node {child}'s token {x} has probability 0 where it was drawn")
+                raise ProtocolError(
+                    f"node {child}'s token {x} has probability 0 where it was drawn"
+                )
             if rng.random() * draft[x] < target[x]:  # u < p/q without dividing
                 chosen = child
                 break

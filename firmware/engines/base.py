@@ -64,6 +64,9 @@ class TreeProposal(NamedTuple):
     parents: bytes
     """Each node's parent, u8 (TREE_ROOT: the context)."""
     lookup: bool = False
+    dists: tuple[Distribution, ...] | None = None
+    """A sampled stream's tree: per node, the distribution it was drawn from (siblings share
+    their parent's: they were drawn from it one after another, without replacement)."""
 
 
 def chain_parents(n: int) -> bytes:
@@ -104,9 +107,8 @@ class EngineState(ABC):
         most ``shape.top_k`` children, at most ``shape.depth`` deep (0: no limit). An engine
         that drafts chains only gives its chain of ``min(nodes, depth)`` tokens, a tree too."""
         proposal = self.propose(shape.levels)
-        return TreeProposal(
-            proposal.tokens, chain_parents(len(proposal.tokens) >> 2), proposal.lookup
-        )
+        parents = chain_parents(len(proposal.tokens) >> 2)
+        return TreeProposal(proposal.tokens, parents, proposal.lookup, proposal.dists)
 
     def draft_outcomes(
         self,

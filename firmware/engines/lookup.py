@@ -177,10 +177,13 @@ def _rfind_aligned(text: bytes | bytearray, key: bytes | bytearray, end: int) ->
 
 
 class LookupState(ContextState):
-    def __init__(self, min_n: int, max_n: int, lag: int = LAG) -> None:
+    def __init__(self, min_n: int, max_n: int, lag: int = LAG, greedy: bool = True) -> None:
         super().__init__()
         self.ns = tuple(range(min_n, max_n + 1))
         self.lag = lag
+        self.greedy = greedy
+        """A sampled stream's trees are chains: lookup's branches would be no draws from one
+        distribution, which sampled verification of siblings needs."""
         self._chains = _Chains(self.ns)
         self._linked = 0
         """Positions 0..linked-1 are in the chains (for each n, those at or after n)."""
@@ -220,7 +223,7 @@ class LookupState(ContextState):
         at a time across them until ``nodes`` nodes (each at most ``depth`` deep)."""
         view = self._view(b"")
         depth = shape.levels
-        found = itertools.islice(self._matches(view), shape.top_k)
+        found = itertools.islice(self._matches(view), shape.top_k if self.greedy else 1)
         paths = [view.follow(j, depth) for j in found]
         tokens, parents = bytearray(), bytearray()
         children: dict[tuple[int, bytes], int] = {}
@@ -317,4 +320,4 @@ class LookupEngine(DraftEngine):
         self, capacity: int, sampling: Sampling, long_context: bool = False
     ) -> LookupState:
         self.check_long_context(long_context)
-        return LookupState(self.min_n, self.max_n)
+        return LookupState(self.min_n, self.max_n, greedy=sampling.greedy)

@@ -57,10 +57,28 @@ def distribution(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarra
 
 def draw(ids: np.ndarray, weights: np.ndarray, seed: int, position: int) -> int:
     """One token from integer weights, with the stream's counter-based generator."""
-    cumulative = np.cumsum(weights, dtype=np.int64)
     rng = np.random.Generator(np.random.Philox(key=[seed & (2**64 - 1), position]))
+    return int(ids[draw_index(weights, rng)])
+
+
+def draw_index(weights: np.ndarray, rng: np.random.Generator) -> int:
+    """The index of one entry of integer ``weights``, drawn in proportion to them."""
+    cumulative = np.cumsum(weights, dtype=np.int64)
     r = int(rng.integers(0, int(cumulative[-1])))
-    return int(ids[int(np.searchsorted(cumulative, r, side="right"))])
+    return int(np.searchsorted(cumulative, r, side="right"))
+
+
+TREE_DRAWS = 1 << 63
+"""Marks a tree's generators apart from the chain's (whose key is a position below 2**63)."""
+
+
+def tree_draws(seed: int, base: int, node: int) -> np.random.Generator:
+    """The generator a sampled tree draws node ``node``'s children from (-1: the context's),
+    for the tree drafted after ``base`` committed tokens: a stream of its own for every node of
+    every round (each round commits a token, so ``base`` grows), so that no draw depends on
+    another; seeded as the chain's are, whatever the schedule."""
+    key = TREE_DRAWS | (base << 8) | (node + 1)
+    return np.random.Generator(np.random.Philox(key=[seed & (2**64 - 1), key]))
 
 
 def choose(logits: np.ndarray, s: Sampling, position: int) -> tuple[int, Distribution | None]:

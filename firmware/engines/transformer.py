@@ -35,9 +35,10 @@ from exstill_sdk.image.rope import inverse_frequencies, rotate
 from exstill_sdk.protocol.constants import TREE_ROOT, ModelKind
 from exstill_sdk.protocol.messages import Distribution, TreeRequest
 from exstill_sdk.support.tokens import common_prefix
+from exstill_sdk.support.trees import grow_sampled_tree
 
 from .base import DraftEngine, EngineState, OutcomeDraft, Proposal, Sampling, TreeProposal
-from .sampling import choose, ranking_probs
+from .sampling import choose, distribution, draw_index, ranking_probs, tree_draws
 
 
 def _pack(tokens: Sequence[int]) -> bytes:
@@ -136,6 +137,66 @@ class TransformerEngine(DraftEngine):
                 )
                 grown.offer(beam, logits)
             return grown.best(shape.nodes)
+
+    def draft_sampled_tree(self, state: TransformerState, shape: TreeRequest) -> TreeProposal:
+        """A sampled stream's token tree (exstill_sdk.support.trees.grow_sampled_tree): each
+        node's children drawn one after another, without replacement, from the distribution a
+        chain would draw its token from there, the budget spent best first on child slots
+        ranked before they are drawn. The distributions come a batch of nodes per pass of the
+        tree graph; each node's children are drawn from a generator of their own
+        (``tree_draws``), so a seeded stream's tree is the same however it was scheduled."""
+        with self.lock:
+            context = bytes(state.tokens)
+            n = len(context) >> 2
+            if not n or n + shape.nodes > self.positions:
+                return EngineState.propose_tree(state, shape)  # a chain; it checks the room
+            if self._trees is None:
+                self._trees = TreeRunner(self.image, self.runner, self.threads)
+            trees = self._trees
+            valid = min(common_prefix(state.cached, context), n - 1)
+            ids = np.frombuffer(context, "<u4", n - valid, 4 * valid).astype(np.int64)
+            root = self.runner.prefill(state.row, ids, valid)[-1]
+            state.cached = bytearray(context)  # the tree's slots after it are scratch
+            sampling, base = state.sampling, state.evicted + n
+            fed: list[int] = []  # the nodes fed to the model, in slot order
+            slot: dict[int, int] = {}
+
+            def open_nodes(
+                nodes: list[int], tokens: list[int], parents: list[int]
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
+                new = [node for node in nodes if node >= 0]
+                rows: dict[int, np.ndarray] = {}
+                if new:
+                    first = len(fed)
+                    fed.extend(new)
+                    slot.update((node, first + i) for i, node in enumerate(new))
+                    logits = trees.grow(
+                        state.row,
+                        n,
+                        [tokens[node] for node in fed],
+                        [slot.get(parents[node], -1) for node in fed],
+                        first,
+                    )
+                    rows = dict(zip(new, logits, strict=True))
+                return [distribution(rows[x] if x >= 0 else root, sampling) for x in nodes]
+
+            generators: dict[int, np.random.Generator] = {}
+
+            def draw(node: int, weights: np.ndarray) -> int:
+                if node not in generators:
+                    generators[node] = tree_draws(sampling.seed or 0, base, node)
+                return draw_index(weights.astype(np.int64), generators[node])
+
+            grown = grow_sampled_tree(open_nodes, shape.nodes, shape.top_k, shape.levels, draw)
+        of_parent = {
+            node: Distribution(tuple(int(t) for t in ids), tuple(int(w) for w in weights))
+            for node, (ids, weights) in grown.drawn_from.items()
+        }
+        return TreeProposal(
+            _pack(grown.tokens),
+            bytes(TREE_ROOT if p < 0 else p for p in grown.parents),
+            dists=tuple(of_parent[p] for p in grown.parents),
+        )
 
     def draft_outcomes(
         self,
@@ -388,9 +449,11 @@ class TransformerState(EngineState):
         return self.engine.propose_many([(self, k, branch)])[0]
 
     def propose_tree(self, shape: TreeRequest) -> TreeProposal:
-        if shape.top_k < 2 or not self.sampling.greedy or self.long_context:
+        if shape.top_k < 2 or self.long_context:
             return super().propose_tree(shape)
-        return self.engine.draft_tree(self, shape)
+        if self.sampling.greedy:
+            return self.engine.draft_tree(self, shape)
+        return self.engine.draft_sampled_tree(self, shape)
 
     def draft_outcomes(
         self,

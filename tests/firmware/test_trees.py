@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from exstill_firmware import CardRuntime  # noqa: E402
 from exstill_firmware.engines.base import Sampling  # noqa: E402
 from exstill_firmware.engines.lookup import LookupEngine  # noqa: E402
+from exstill_firmware.engines.sampling import distribution, draw_index, tree_draws  # noqa: E402
 from exstill_firmware.engines.transformer import TransformerEngine  # noqa: E402
 
 from exstill_sdk.card import Card  # noqa: E402
@@ -21,14 +22,15 @@ from exstill_sdk.errors import InvalidArgumentError  # noqa: E402
 from exstill_sdk.image import open_image  # noqa: E402
 from exstill_sdk.image.pack import pack_checkpoint  # noqa: E402
 from exstill_sdk.image.reader import DEFAULT_RANK_TEMPERATURE  # noqa: E402
-from exstill_sdk.protocol.constants import Features, Opcode  # noqa: E402
-from exstill_sdk.protocol.drafts import Verdict  # noqa: E402
+from exstill_sdk.protocol.constants import Features, Opcode, WireMode  # noqa: E402
+from exstill_sdk.protocol.drafts import Distribution, Verdict  # noqa: E402
 from exstill_sdk.protocol.messages import (  # noqa: E402
     CommitTreeRequest,
     TreeRequest,
     encode_commit_tree_request,
     parents_from_wire,
 )
+from exstill_sdk.support.trees import grow_sampled_tree  # noqa: E402
 from exstill_sdk.transport.emu import EmuTransport  # noqa: E402
 
 from .test_transformer import generate, hf_logits, tokens, unpack  # noqa: E402
@@ -116,7 +118,7 @@ def test_the_tree_is_ranked_at_the_images_rank_temperature(model_pair, tmp_path)
     assert differ  # the temperature changes what the card drafts
 
 
-def test_sampled_and_long_context_streams_draft_chains(model_pair) -> None:
+def test_long_context_streams_draft_chains(model_pair) -> None:
     model, image, _ = model_pair
     engine = TransformerEngine(open_image(image), rows=2, positions=256)
     context = tokens(10)
@@ -126,6 +128,46 @@ def test_sampled_and_long_context_streams_draft_chains(model_pair) -> None:
     proposal = greedy_long.propose_tree(TreeRequest(8, 4, 5))
     assert unpack(proposal.tokens) == generate(model, context, 5)  # depth 5: a chain of 5
     assert parents_from_wire(proposal.parents) == (-1, 0, 1, 2, 3)
+
+
+def test_a_sampled_tree_is_drawn_from_hf_distributions(model_pair) -> None:
+    """A sampled stream's tree against the same growth (support/trees.py) fed HF's logits,
+    shaped as the card shapes a chain's (DIST mode) and drawn with the same generators: the
+    same tokens, parents and distributions (weights within one unit of rounding)."""
+    model, image, _ = model_pair
+    engine = TransformerEngine(open_image(image), rows=2, positions=256)
+    context = tokens(9, seed=4)
+    sampling = Sampling(temperature=1.0, seed=8, max_entries=255)
+    state = engine.open_state(256, sampling)
+    state.extend(struct.pack(f"<{len(context)}I", *context))
+    shape = TreeRequest(10, 3, 4)
+    made = state.propose_tree(shape)
+    state.close()
+
+    def path(node: int, tokens: list[int], parents: list[int]) -> list[int]:
+        return [] if node < 0 else [*path(parents[node], tokens, parents), tokens[node]]
+
+    def open_nodes(nodes, tokens, parents):
+        rows = [hf_logits(model, context + path(n, tokens, parents))[-1] for n in nodes]
+        return [distribution(row, sampling) for row in rows]
+
+    def draw(node: int, weights: np.ndarray) -> int:
+        return draw_index(weights.astype(np.int64), generators[node])
+
+    generators = {n: tree_draws(8, len(context), n) for n in range(-1, shape.nodes)}
+    want = grow_sampled_tree(open_nodes, shape.nodes, shape.top_k, shape.levels, draw)
+    assert unpack(made.tokens) == want.tokens
+    assert parents_from_wire(made.parents) == tuple(want.parents)
+    assert len(want.tokens) == shape.nodes and len(set(want.parents)) < shape.nodes  # branches
+    assert made.dists is not None and len(made.dists) == len(want.tokens)
+    for parent, dist in zip(want.parents, made.dists, strict=True):
+        ids, weights = want.drawn_from[parent]
+        assert dist.tokens == tuple(ids.tolist())
+        assert np.abs(np.array(dist.weights) - weights.astype(int)).max() <= 1
+    # siblings were drawn without replacement: never the same token twice
+    for parent in set(want.parents):
+        siblings = [t for t, p in zip(want.tokens, want.parents, strict=True) if p == parent]
+        assert len(siblings) == len(set(siblings))
 
 
 def lookup_branches(context: list[int], ns: range, top_k: int, depth: int) -> list[list[int]]:
@@ -198,10 +240,40 @@ def test_tree_rounds_on_the_wire() -> None:
     assert stream.length == 16 + len(chain.tokens) + 1 and tree.tokens
 
 
-def test_sampled_streams_refuse_trees_with_branches() -> None:
+def test_sampled_streams_refuse_trees_with_branches_without_their_distributions() -> None:
     card = Card(EmuTransport(CardRuntime(4, 256, prefetch=False), owns_runtime=True))
-    stream = card.open_stream("lookup", temperature=0.8)
+    stream = card.open_stream("lookup", temperature=0.8)  # TOKENS wire mode
     stream.prefill([1, 2, 3, 1, 2])
-    with pytest.raises(InvalidArgumentError, match="greedy"):
+    with pytest.raises(InvalidArgumentError, match="DIST wire mode"):
         stream.draft_tree(TreeRequest(8, 2, 4))
     assert stream.draft_tree(TreeRequest(4, 1, 4)).tokens == (3, 1, 2, 3)  # top-k 1: a chain
+    # in DIST mode lookup's tree is a chain too (its branches were not drawn), each token
+    # one-hot
+    stream = card.open_stream("lookup", temperature=0.8, wire_mode=WireMode.DIST)
+    stream.prefill([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 6, 9, 1, 2, 3])
+    draft = stream.draft_tree(TreeRequest(8, 3, 4))
+    assert draft.tokens == (6, 9, 1, 2) and draft.parents is None
+    assert draft.dists == tuple(Distribution((t,), (1,)) for t in draft.tokens)
+
+
+def test_sampled_tree_rounds_on_the_wire(model_pair) -> None:
+    """A sampled DIST stream's tree comes with each node's distribution, siblings sharing
+    their parent's; the same stream state and seed draft the same tree; a round commits a path
+    through it."""
+    _, image, _ = model_pair
+    engine = TransformerEngine(open_image(image), rows=2, positions=256)
+    card = Card(EmuTransport(CardRuntime(2, 256, [engine], prefetch=False), owns_runtime=True))
+    assert card.info().features & Features.SAMPLED_TREES
+    stream = card.open_stream(
+        None, target=engine.name, temperature=1.0, seed=3, wire_mode=WireMode.DIST
+    )
+    stream.prefill(tokens(12, seed=5))
+    draft = stream.draft_tree(TreeRequest(12, 4, 3))
+    assert draft.parents is not None and draft.dists is not None
+    for node, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+        assert draft.dists[node].probability(token) > 0
+        assert draft.dists[node] == draft.dists[draft.parents.index(parent)]
+    assert stream.draft_tree(TreeRequest(12, 4, 3)) == draft
+    second = draft.parents.index(-1, 1)  # the context's second child
+    nxt = stream.commit(Verdict(1, 7, (second,)), TreeRequest(12, 4, 3))
+    assert stream.length == 14 and nxt.dists is not None and nxt != draft

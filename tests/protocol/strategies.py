@@ -62,7 +62,11 @@ def tree_replies(draw: st.DrawFn) -> m.Draft:
     n = draw(st.integers(0, MAX_TREE_NODES))
     parents = tuple(draw(st.integers(-1, i - 1)) for i in range(n))
     tokens = tuple(draw(st.lists(u32, min_size=n, max_size=n)))
-    return m.Draft(tokens, draw(st.booleans()), None, draw(st.booleans()), chain_or_tree(parents))
+    dists = None
+    if draw(st.booleans()):  # a sampled tree: siblings share their parent's distribution
+        of_parent = {p: draw(distributions()) for p in sorted(set(parents))}
+        dists = tuple(of_parent[p] for p in parents)
+    return m.Draft(tokens, draw(st.booleans()), dists, draw(st.booleans()), chain_or_tree(parents))
 
 
 tree_requests = st.builds(m.TreeRequest, u8, u8, u8)

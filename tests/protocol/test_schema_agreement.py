@@ -48,13 +48,12 @@ def _draft_dict(r: m.Draft) -> dict:
         },
         "count": len(r.tokens),
         "tokens": list(r.tokens),
-        "dists": None
-        if r.dists is None
-        else [
-            {"n": len(d.tokens), "tokens": list(d.tokens), "weights": list(d.weights)}
-            for d in r.dists
-        ],
+        "dists": None if r.dists is None else [_dist_dict(d) for d in r.dists],
     }
+
+
+def _dist_dict(d: m.Distribution) -> dict:
+    return {"n": len(d.tokens), "tokens": list(d.tokens), "weights": list(d.weights)}
 
 
 def _tree_dict(r: m.Draft) -> dict:
@@ -63,12 +62,17 @@ def _tree_dict(r: m.Draft) -> dict:
         "flags": {
             "reserved": 0,
             "lookup": r.lookup,
-            "has_dist": False,
+            "has_dist": r.dists is not None,
             "prefetch_hit": r.prefetch_hit,
         },
         "count": len(r.tokens),
         "tokens": list(r.tokens),
         "parents": [TREE_ROOT if p < 0 else p for p in parents],
+        "dists": None
+        if r.dists is None
+        else [
+            _dist_dict(d) for d in {p: d for p, d in zip(parents, r.dists, strict=True)}.values()
+        ],
     }
 
 
@@ -396,6 +400,6 @@ def test_the_tree_reply_the_card_sends_is_the_formal_one(reply: m.Draft) -> None
     draft = b"".join(t.to_bytes(4, "little") for t in reply.tokens)  # as the card keeps it
     parents = reply.parents if reply.parents is not None else range(-1, len(reply.tokens) - 1)
     wire = bytes(TREE_ROOT if p < 0 else p for p in parents)
-    raw = m.tree_reply_payload(reply.prefetch_hit, draft, wire, reply.lookup)
+    raw = m.tree_reply_payload(reply.prefetch_hit, draft, wire, reply.lookup, reply.dists)
     assert raw == schema.TREE_REPLY.build(_tree_dict(reply))
     assert m.decode_tree_reply(raw) == reply

@@ -16,10 +16,10 @@ from exstill_sdk import WireMode, open_card
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.image import open_image
 from exstill_sdk.image.pack import pack_checkpoint
-from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder, target_probs
+from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder
 
 from ..helpers import tiny_image
-from .test_sampled_e2e import PROMPT, VOCAB, chi_square_ok
+from .test_sampled_e2e import PROMPT, VOCAB, chi_square_ok, first_two, first_two_laws
 
 HEAD = [9, 3, 14, 0, 7, 12, 5]
 
@@ -78,13 +78,8 @@ def test_sampled_output_has_the_targets_distribution(pair, mode: WireMode) -> No
         )
         results = decoder.generate_batch([PROMPT] * 3000, 2, stop_token_ids=[])
     assert decoder.metrics.num_accepted_tokens > 0
-    first = np.bincount([r.tokens[0] for r in results], minlength=VOCAB)
-    second = np.bincount([r.tokens[1] for r in results], minlength=VOCAB)
-    p1 = target_probs(target.verify(-1, PROMPT, [])[-1:], params)[0]
-    p2 = np.zeros(VOCAB)
-    for t1 in np.flatnonzero(p1):
-        p2 += p1[t1] * target_probs(target.verify(-1, [*PROMPT, int(t1)], [])[-1:], params)[0]
-    target.release(-1)
+    first, second = first_two(results)
+    p1, p2 = first_two_laws(target, params)
     assert p1[np.setdiff1d(np.arange(VOCAB), HEAD)].sum() > 0.05  # tokens no draft proposes
     # four checks in this file, each at 0.01 / 4 (Bonferroni)
     assert chi_square_ok(first, p1) > 0.0025

@@ -17,6 +17,7 @@ from exstill_sdk import WireMode, open_card
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.card import Card
 from exstill_sdk.image import open_image
+from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder, target_probs
 from exstill_sdk.transport.emu import EmuTransport
 
@@ -97,19 +98,54 @@ def test_token_frequencies_match_the_target(images, mode: WireMode, ahead: str) 
             results = sampled_results(card, target, mode, params, n)
             hits = card.stats()["prefetch_outcome_hits"]
         assert hits >= n // 40  # rounds answered from drafts made ahead for other outcomes
+    first, second = first_two(results)
+    p1, p2 = first_two_laws(target, params)
+    # ten goodness-of-fit checks in this file (2 modes x 2 ways x 2 positions, and the sampled
+    # trees' 2): each at 0.01 / 10, a family-wise false-alarm rate of 1% (Bonferroni)
+    assert chi_square_ok(first, p1) > 0.001
+    assert chi_square_ok(second, p2) > 0.001
+
+
+def first_two(results: list) -> tuple[np.ndarray, np.ndarray]:
+    """How often each token came first, and second, in the results."""
     first = np.bincount([r.tokens[0] for r in results], minlength=VOCAB)
     second = np.bincount([r.tokens[1] for r in results], minlength=VOCAB)
-    # exact target probabilities: p(t1 | prompt) and the marginal of t2
+    return first, second
+
+
+def first_two_laws(target: OnnxTarget, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The target's exact laws of its first token after PROMPT, p(t1 | prompt), and of its
+    second (the marginal over t1)."""
     p1 = target_probs(target.verify(-1, PROMPT, [])[-1:], params)[0]
     p2 = np.zeros(VOCAB)
-    for t1 in range(VOCAB):
-        if p1[t1] > 0:
-            p2 += p1[t1] * target_probs(target.verify(-1, [*PROMPT, t1], [])[-1:], params)[0]
+    for t1 in np.flatnonzero(p1):
+        p2 += p1[t1] * target_probs(target.verify(-1, [*PROMPT, int(t1)], [])[-1:], params)[0]
     target.release(-1)
-    # eight goodness-of-fit checks in this file (2 modes x 2 ways x 2 positions): each at
-    # 0.01 / 8, a family-wise false-alarm rate of 1% (Bonferroni)
-    assert chi_square_ok(first, p1) > 0.00125
-    assert chi_square_ok(second, p2) > 0.00125
+    return p1, p2
+
+
+def test_sampled_trees_keep_the_targets_distribution(images) -> None:
+    """The card draws each tree node's children from its distribution without replacement
+    and sends the distributions; the host verifies by recursive rejection sampling over the
+    siblings. Every round from the first is a tree of 6 nodes, up to 3 children a node, 2 deep
+    (the three tokens asked: two drafted, one the target's)."""
+    target_img, draft_img = images
+    params = SamplingParams(temperature=1.0, seed=29)
+    target = OnnxTarget(target_img, max_sequences=12, positions=64)
+    with open_card(f"emu://?image={draft_img}&context=64") as card:
+        decoder = SpeculativeDecoder(
+            card, target, draft="draft", sampling=params, k=3, trees=TreeRequest(6, 3, 2)
+        )
+        results = decoder.generate_batch([PROMPT] * 3000, 3, stop_token_ids=[])
+    assert decoder.tree_note == ""
+    metrics = decoder.metrics
+    # each sequence's first round is a tree; after it, what room is left takes a chain
+    assert metrics.tree_rounds == 3000
+    assert metrics.num_accepted_tokens > 0
+    first, second = first_two(results)
+    p1, p2 = first_two_laws(target, params)
+    assert chi_square_ok(first, p1) > 0.001
+    assert chi_square_ok(second, p2) > 0.001
 
 
 def test_seeded_runs_are_reproducible(images) -> None:

@@ -250,7 +250,7 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
     where every stream missed, on one stream and on ``streams`` at once, for K = 1..8. Each is
     a line in the draft's steps (K + 1); one stream's line gives a step's cost and the fixed
     cost of a round, the difference of the two lines what each further stream adds, to a
-    step and to the round (taking its COMMIT, answering it)."""
+    step and to the round (taking its COMMIT, answering it); each K's median round."""
     rtt = statistics.median(card.ping() for _ in range(50)) * 1e6
     lines = []
     for count in (1, streams):
@@ -259,11 +259,13 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
             for s in opened:
                 s.prefill(prompt)
                 s.draft(1)
-            points = []
+            rounds: dict[int, list[float]] = {k: [] for k in range(1, 9)}
             for _ in range(CARD_ROUNDS):
-                for k in range(1, 9):
-                    # steps: the bonus taken in, then one per drafted token
-                    points.append((k + 1, _miss_us(card, opened, k) - rtt, 1.0))
+                for k in rounds:
+                    rounds[k].append(_miss_us(card, opened, k))
+            # steps: the bonus taken in, then one per drafted token; the median round of each
+            # K, so that a round slowed by the machine's other work does not tilt the line
+            points = [(k + 1, statistics.median(us) - rtt, 1.0) for k, us in rounds.items()]
             lines.append(fit_line(points, min_slope=None))
         finally:
             for s in opened:

@@ -98,6 +98,7 @@ class TreeChooser:
         if fixed and len(candidates) != 1:
             raise ValueError("a fixed shape is one candidate")
         self.fixed = fixed
+        self.candidates = list(candidates)
         self.arms: list[TreeRequest | None] = [None, *candidates]
         self.probe = probe
         self.warmup = warmup
@@ -108,7 +109,7 @@ class TreeChooser:
         }
         self._last: dict[int, int] = {}
         self._rounds = 0
-        self._chain_kept: deque[int] = deque(maxlen=warmup)
+        self._chain_kept: deque[float] = deque(maxlen=warmup)
         """Tokens of the sequence's latest chain rounds."""
         self._back_to_chain = False
         self._prev: int | None = None
@@ -154,10 +155,13 @@ class TreeChooser:
         return shape.levels
 
     def _eligible(
-        self, chain_rate: float | None, verify_s: Callable[[int], float | None] | None
+        self,
+        chain_rate: float | None,
+        verify_s: Callable[[int], float | None] | None,
+        sequences: int,
     ) -> list[int]:
-        """The trees that could keep more a round than the sequence's chain rounds did, and
-        could beat the chain's expected rate if they kept their whole depth."""
+        """The trees that could keep more a round than the chain rounds did, and could beat
+        the chain's expected rate if every sequence kept their whole depth."""
         kept = sum(self._chain_kept) / len(self._chain_kept)
         out = []
         for arm in range(1, len(self.arms)):
@@ -166,8 +170,9 @@ class TreeChooser:
             if shape.levels + 1 <= kept or arm in self._resting:
                 continue
             if verify_s is not None and chain_rate:
-                seconds = verify_s(shape.nodes + 1)  # a pass of the tree, nothing else
-                if seconds and (shape.levels + 1) / seconds <= chain_rate * self.margin:
+                seconds = verify_s(sequences * (shape.nodes + 1))  # the trees' pass alone
+                whole = sequences * (shape.levels + 1)
+                if seconds and whole / seconds <= chain_rate * self.margin:
                     continue
             out.append(arm)
         return out
@@ -176,17 +181,20 @@ class TreeChooser:
         self,
         chain_rate: float | None = None,
         verify_s: Callable[[int], float | None] | None = None,
+        sequences: int = 1,
     ) -> int:
         """The arm (index into ``arms``; 0 the chain) of the next round; ``chain_rate``: the
         tokens a second the K policy expects of the chain at its best K, and ``verify_s``: the
-        seconds a pass of n tokens takes, if the policy knows."""
+        seconds a pass of n tokens takes, if the policy knows. A chooser of a batch's shape
+        (every sequence the same) says how many ``sequences`` share the pass; its rounds'
+        tokens are the batch's, and ``observe`` takes the tokens a sequence kept apart."""
         self._rounds += 1
         if self.fixed:
             return 1
         if len(self._chain_kept) < self.warmup or self._back_to_chain:
             self._back_to_chain = False
             return 0
-        trees = self._eligible(chain_rate, verify_s)
+        trees = self._eligible(chain_rate, verify_s, sequences)
         for arm in trees:
             if len(self._seen[arm]) < self.probe:
                 return arm
@@ -203,17 +211,19 @@ class TreeChooser:
             return tree
         return 0
 
-    def observe(self, arm: int, tokens: int, seconds: float) -> None:
+    def observe(self, arm: int, tokens: int, seconds: float, kept: float | None = None) -> None:
         """A round of ``arm`` gave ``tokens`` tokens in ``seconds`` (its pass, its card
-        work and the host's round)."""
+        work and the host's round); ``kept``: what a sequence kept of them on average (a
+        batch's round; else all of them)."""
+        kept = tokens if kept is None else kept
         steady = arm != 0 or self._prev == 0
         self._prev = arm
         if steady:
             self._seen[arm].append((tokens, seconds))
         self._last[arm] = self._rounds
         if arm == 0:
-            self._chain_kept.append(tokens)
-        elif tokens > self._depth(arm):
+            self._chain_kept.append(kept)
+        elif kept > self._depth(arm):
             self._back_to_chain = True
 
     def describe(self, arm: int) -> str:

@@ -1,8 +1,8 @@
 """Greedy decoding with token trees drafted by the card and scored by the target in one pass:
 token for token the target's own output, with a fixed tree (for one sequence and for a batch,
 whose trees are scored in one pass) and with the shape chosen; where trees cannot run
-(sampling) or are not chosen (a batch under "auto") the decoder drafts chains and says why; and
-the shape chooser's rules on measured rounds."""
+(sampling in TOKENS mode) the decoder drafts chains and says why; a batch under "auto" chooses
+one shape for all its sequences; and the shape chooser's rules on measured rounds."""
 
 from __future__ import annotations
 
@@ -82,13 +82,13 @@ def test_where_trees_cannot_run_the_decoder_drafts_chains(pair, onnx_reference) 
         assert "DIST" in sampled.tree_note
         sampled.generate(prompts()[0], 16, stop_token_ids=[])
         assert sampled.metrics.tree_rounds == 0
-        # several sequences at once, shape auto: the chooser runs for a lone sequence only,
-        # so the batch drafts chains (four copies of one prompt: their rounds are alike, so
-        # none is ever left alone)
-        batch = SpeculativeDecoder(card, target, draft="partly", k=4, trees="auto")
+        # several sequences at once, shape auto: the batch's chooser, one shape for all (four
+        # copies of one prompt: their rounds are alike, so none is ever left alone)
+        batch = SpeculativeDecoder(card, target, draft="partly", k="adaptive", trees="auto")
         results = batch.generate_batch([prompts()[1]] * 4, N_NEW, stop_token_ids=[])
     assert [r.tokens for r in results] == [onnx_reference[1]] * 4
-    assert batch.metrics.tree_rounds == 0 and set(batch.metrics.shapes_chosen) <= {"chain"}
+    shapes = {"chain", "tree of 8 (top-2, depth 6)", "tree of 15 (top-2, depth 8)"}
+    assert batch.metrics.shapes_chosen["chain"] > 0 and set(batch.metrics.shapes_chosen) <= shapes
 
 
 class CountingTarget(OnnxTarget):
@@ -215,6 +215,30 @@ def test_chooser_does_not_probe_a_tree_that_cannot_win() -> None:
     assert chooser.choose(chain_rate=6.0, verify_s=lambda n: 1.5) == 0
     assert chooser.choose(chain_rate=6.0, verify_s=lambda n: 1.0) == 1
     assert chooser.choose(chain_rate=6.0, verify_s=lambda n: None) == 1  # unknown: probed
+
+
+def test_a_batchs_chooser_weighs_every_sequence_keeping_the_trees_whole_depth() -> None:
+    """Four sequences each drafting a tree of 8 nodes, depth 6: at best 28 tokens in a pass of
+    36. Against chains the batch planner expects 20 tokens a second of, a pass of 36 tokens
+    taking 1.5 s (18.7 a second at best) is not worth a probe; one taking 1 s is."""
+    asked: list[int] = []
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3)
+    for _ in range(3):  # the chain's warm-up: the batch kept 12 tokens a round, 3 a sequence
+        chooser.observe(chooser.choose(), 12, 1.0, kept=3.0)
+
+    def pass_s(seconds: float):
+        def cost(tokens: int) -> float:
+            asked.append(tokens)
+            return seconds
+
+        return cost
+
+    assert chooser.choose(chain_rate=20.0, verify_s=pass_s(1.5), sequences=4) == 0
+    assert chooser.choose(chain_rate=20.0, verify_s=pass_s(1.0), sequences=4) == 1
+    assert asked == [36, 36]
+    # a tree round in which the sequences kept their whole depth sends the batch back to chains
+    chooser.observe(1, 28, 1.0, kept=7.0)
+    assert chooser.choose(chain_rate=20.0, verify_s=pass_s(1.0), sequences=4) == 0
 
 
 def test_a_tree_that_keeps_losing_is_probed_in_fewer_sequences() -> None:

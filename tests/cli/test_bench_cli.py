@@ -167,8 +167,11 @@ def test_profile_bench_feeds_the_planner(tmp_path) -> None:
     card = result["card"]["card"]
     assert card["draft_us_per_token"] > 0 and card["link_rtt_us"] > 0
     assert card["overflow"] == "target-alone" and result["card"]["host"]["us_per_round"] >= 0
-    # a pass beside the drafting card against the table's (card idle), per user count
-    assert set(result["target_slowdown_by_users"]) == {"1", "2"}
+    # a pass beside the drafting card against the table's (card idle), per user count where
+    # the long pilot run's passes took longer than the short one's (on a loaded machine a
+    # count can go without)
+    assert result["target_slowdown_by_users"]
+    assert set(result["target_slowdown_by_users"]) <= {"1", "2"}
     assert card["target_slowdown"] >= 1.0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["card.json", "run-1-users.json", "run-2-users.json", "target.json"]

@@ -79,7 +79,8 @@ def test_a_card_without_a_store_says_so(tiny_image: Path) -> None:
             assert out.returncode == 1 and "has no image store" in line, line
             assert "start the emulator with --store DIR" in line
         info = json.loads(tool("exstill-info", "--url", url, "--json").stdout)
-        assert info["features"] == ["prefetch", "pipelining", "trees", "outcomes"]  # 8. names
+        names = ["prefetch", "pipelining", "trees", "outcomes", "sampled_trees"]
+        assert info["features"] == names  # 8. names
     finally:
         stop(proc)
 

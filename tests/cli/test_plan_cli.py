@@ -186,7 +186,9 @@ def test_a_profile_of_the_wrong_kind_or_none_is_named_for_what_it_is() -> None:
 
 def test_the_demos_own_json_is_an_acceptance_profile(tmp_path: Path) -> None:
     """exstill plan --acceptance takes what exstill demo --json prints, as it is."""
-    args = ["--target", "small", "--max-new-tokens", "48", "--runs", "1", "--json"]
+    # K fixed at 4: a run that drafts (adaptive K on a loaded machine can settle on K = 0,
+    # and a run without drafts holds no acceptance)
+    args = ["--target", "small", "--max-new-tokens", "48", "--runs", "1", "--k", "4", "--json"]
     demo = subprocess.run(
         [script("exstill"), "demo", *args],
         capture_output=True,

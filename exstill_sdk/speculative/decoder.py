@@ -128,10 +128,9 @@ class SpeculativeDecoder:
 
     ``trees``: ``"off"`` (the default) drafts chains only. Where trees can run (a target that
     scores trees, a card with Features.TREES; sampled decoding also needs DIST wire mode and
-    Features.SAMPLED_TREES), ``"auto"`` lets a lone sequence measure the steady chain against
-    ``DEFAULT_TREES`` and draft the shape that gives the most tokens a second (``TreeChooser``),
-    and a batch the same over its rounds, one shape for all its sequences, a tree tried only
-    where its pass could beat the chains its K planner expects; one ``TreeRequest``
+    Features.SAMPLED_TREES), ``"auto"`` lets a lone
+    sequence measure the steady chain against ``DEFAULT_TREES`` and draft the shape that gives
+    the most tokens a second (``TreeChooser``; a batch drafts chains); one ``TreeRequest``
     fixes the tree for every sequence, batches included (their trees and chains scored in one
     pass, ``TargetAdapter.verify_drafts``), several are the candidates. ``tree_note`` says why
     trees do not run where they do not. ``"auto"`` is not the default: on the demo pair a tree
@@ -203,17 +202,8 @@ class SpeculativeDecoder:
         self._next_index = 0
         self.tree_note = ""
         self._trees = self._tree_chooser(trees)
-        self._batch_trees = (
-            None
-            if self._trees is None or self._trees.fixed
-            else TreeChooser(self._trees.candidates)
-        )
-        """Under ``"auto"``, the shape of a batch's rounds: the chains its K planner chooses,
-        or one candidate tree for every sequence."""
         self._arm: tuple[int, int, float] | None = None
         """The last single-sequence round's shape: (sequence, arm, when it was chosen)."""
-        self._batch_arm: tuple[int, float, list[int]] | None = None
-        """The last batch round's shape: (arm, when it was chosen, the sequences)."""
 
     def _tree_chooser(self, trees: TreesOption) -> TreeChooser | None:
         if trees == "off":
@@ -461,40 +451,6 @@ class SpeculativeDecoder:
         s.metrics.shapes_chosen[chooser.describe(arm)] += 1
         return k if shape is None else shape
 
-    def _batch_shapes(
-        self, seqs: list[_Sequence], ks: list[int], planner: KPlanner
-    ) -> list[int | TreeRequest]:
-        """A batch's next drafts under ``"auto"``: the chains of ``ks``, or one candidate tree
-        for every sequence where it fits, chosen as a lone sequence's shape is
-        (``TreeChooser``) over the batch's rounds: the batch's tokens a second in each shape's
-        latest rounds, a tree not tried where every sequence keeping its whole depth in the
-        trees' pass (the K planner's measured pass cost by tokens) could not beat the rate the
-        planner expects of its chains. The last round's tokens go to its shape while the batch
-        is the same sequences."""
-        chooser, now = self._batch_trees, time.perf_counter()
-        assert chooser is not None
-        members = [s.index for s in seqs]
-        if self._batch_arm is not None and self._batch_arm[2] == members:
-            tokens = sum(s.round_tokens for s in seqs)
-            arm = self._batch_arm[0]
-            chooser.observe(arm, tokens, now - self._batch_arm[1], tokens / len(seqs))
-        self._batch_arm = None
-        if not any(ks):
-            return list(ks)
-        chain_rate, cost = None, None
-        if isinstance(planner, BatchK):
-            chain_rate = planner.plan(members, [self._limit(s) for s in seqs])[1]
-            cost = planner.cost
-        arm = chooser.choose(chain_rate, cost, len(seqs))
-        shape = chooser.arms[arm]
-        self._batch_arm = (arm, now, members)
-        shapes: list[int | TreeRequest] = []
-        for s, k in zip(seqs, ks, strict=True):
-            tree = shape is not None and k > 0 and self._tree_fits(s, shape)
-            shapes.append(shape if tree and shape is not None else k)
-            s.metrics.shapes_chosen[chooser.describe(arm if tree else 0)] += 1
-        return shapes
-
     def _next_drafts(self, going: list[tuple[_Sequence, Verdict]], planner: KPlanner) -> None:
         """Choose the sequences' next K together (for a lone sequence, perhaps a tree instead)
         and bring the card along: COMMITs for the streams in step (sent together), catch-ups
@@ -503,14 +459,11 @@ class SpeculativeDecoder:
         ks = planner.choose([s.index for s in seqs], [self._limit(s) for s in seqs])
         shapes: list[int | TreeRequest] = list(ks)
         if self._trees is not None and len(going) == 1:
-            self._batch_arm = None
             shapes[0] = self._shape(seqs[0], ks[0])
         else:
             self._arm = None
             if self._trees is not None and self._trees.fixed:  # a fixed tree: every sequence's
                 shapes = [self._fixed_tree(s, k) for s, k in zip(seqs, ks, strict=True)]
-            elif self._batch_trees is not None:
-                shapes = self._batch_shapes(seqs, ks, planner)
         steps: list[Commit | CatchUp] = []
         owners: list[_Sequence] = []
         for (s, verdict), k in zip(going, shapes, strict=True):
@@ -634,9 +587,8 @@ class SpeculativeDecoder:
         the target alone (else CardFullError queues it)."""
         s.started = s.started or time.perf_counter()
         self._policy.start_sequence()
-        for chooser in (self._trees, self._batch_trees):
-            if chooser is not None:
-                chooser.start()
+        if self._trees is not None:
+            self._trees.start()
         self._draft_anew(s, alone)
 
     def _draft_anew(self, s: _Sequence, alone: bool) -> None:

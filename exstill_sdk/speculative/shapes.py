@@ -79,8 +79,10 @@ class TreeChooser:
     ahead, which says nothing of staying on the chain), and where the K policy expects more
     of the chain at the K it would settle on (``choose(chain_rate=...)``), that counts. With
     the target's verification time by tokens too (``verify_s``), a tree is not even tried
-    where keeping its whole depth in the time its pass alone takes would not beat that rate
-    by ``margin``: each probe of a tree that cannot win costs a round. For the same reason a
+    where keeping its whole depth in the time its pass alone takes, or in the shortest round of
+    it seen so far (in any sequence: the card drafts a tree while the target waits, and the
+    round after it finds no draft made ahead), would not beat that rate by ``margin``: each
+    probe of a tree that cannot win costs a round. For the same reason a
     tree probed in a sequence and never chosen there rests the next sequence, then (losing
     again) the next 3, 7, ... up to ``2 ** MAX_BACKOFF - 1``, until it wins once.
     """
@@ -98,7 +100,6 @@ class TreeChooser:
         if fixed and len(candidates) != 1:
             raise ValueError("a fixed shape is one candidate")
         self.fixed = fixed
-        self.candidates = list(candidates)
         self.arms: list[TreeRequest | None] = [None, *candidates]
         self.probe = probe
         self.warmup = warmup
@@ -109,7 +110,7 @@ class TreeChooser:
         }
         self._last: dict[int, int] = {}
         self._rounds = 0
-        self._chain_kept: deque[float] = deque(maxlen=warmup)
+        self._chain_kept: deque[int] = deque(maxlen=warmup)
         """Tokens of the sequence's latest chain rounds."""
         self._back_to_chain = False
         self._prev: int | None = None
@@ -122,6 +123,9 @@ class TreeChooser:
         """The trees chosen in the sequence so far."""
         self._resting: set[int] = set()
         """The trees not probed in this sequence (they lost lately)."""
+        self._fastest: dict[int, float] = {}
+        """Per tree: the shortest round of it seen, kept across sequences: what a round of it
+        costs at the least (its pass, and the card drafting it while the target waits)."""
 
     def start(self) -> None:
         """A new sequence: its text decides again whether a tree can win, and by how much."""
@@ -155,13 +159,10 @@ class TreeChooser:
         return shape.levels
 
     def _eligible(
-        self,
-        chain_rate: float | None,
-        verify_s: Callable[[int], float | None] | None,
-        sequences: int,
+        self, chain_rate: float | None, verify_s: Callable[[int], float | None] | None
     ) -> list[int]:
-        """The trees that could keep more a round than the chain rounds did, and could beat
-        the chain's expected rate if every sequence kept their whole depth."""
+        """The trees that could keep more a round than the sequence's chain rounds did, and
+        could beat the chain's expected rate if they kept their whole depth."""
         kept = sum(self._chain_kept) / len(self._chain_kept)
         out = []
         for arm in range(1, len(self.arms)):
@@ -169,10 +170,13 @@ class TreeChooser:
             assert shape is not None
             if shape.levels + 1 <= kept or arm in self._resting:
                 continue
-            if verify_s is not None and chain_rate:
-                seconds = verify_s(sequences * (shape.nodes + 1))  # the trees' pass alone
-                whole = sequences * (shape.levels + 1)
-                if seconds and whole / seconds <= chain_rate * self.margin:
+            if chain_rate:
+                # a pass of the tree alone, or the shortest round of it seen, the longer
+                seconds = max(
+                    (verify_s(shape.nodes + 1) if verify_s else None) or 0.0,
+                    self._fastest.get(arm, 0.0),
+                )
+                if seconds and (shape.levels + 1) / seconds <= chain_rate * self.margin:
                     continue
             out.append(arm)
         return out
@@ -181,20 +185,17 @@ class TreeChooser:
         self,
         chain_rate: float | None = None,
         verify_s: Callable[[int], float | None] | None = None,
-        sequences: int = 1,
     ) -> int:
         """The arm (index into ``arms``; 0 the chain) of the next round; ``chain_rate``: the
         tokens a second the K policy expects of the chain at its best K, and ``verify_s``: the
-        seconds a pass of n tokens takes, if the policy knows. A chooser of a batch's shape
-        (every sequence the same) says how many ``sequences`` share the pass; its rounds'
-        tokens are the batch's, and ``observe`` takes the tokens a sequence kept apart."""
+        seconds a pass of n tokens takes, if the policy knows."""
         self._rounds += 1
         if self.fixed:
             return 1
         if len(self._chain_kept) < self.warmup or self._back_to_chain:
             self._back_to_chain = False
             return 0
-        trees = self._eligible(chain_rate, verify_s, sequences)
+        trees = self._eligible(chain_rate, verify_s)
         for arm in trees:
             if len(self._seen[arm]) < self.probe:
                 return arm
@@ -211,19 +212,19 @@ class TreeChooser:
             return tree
         return 0
 
-    def observe(self, arm: int, tokens: int, seconds: float, kept: float | None = None) -> None:
+    def observe(self, arm: int, tokens: int, seconds: float) -> None:
         """A round of ``arm`` gave ``tokens`` tokens in ``seconds`` (its pass, its card
-        work and the host's round); ``kept``: what a sequence kept of them on average (a
-        batch's round; else all of them)."""
-        kept = tokens if kept is None else kept
+        work and the host's round)."""
+        if arm:
+            self._fastest[arm] = min(seconds, self._fastest.get(arm, seconds))
         steady = arm != 0 or self._prev == 0
         self._prev = arm
         if steady:
             self._seen[arm].append((tokens, seconds))
         self._last[arm] = self._rounds
         if arm == 0:
-            self._chain_kept.append(kept)
-        elif kept > self._depth(arm):
+            self._chain_kept.append(tokens)
+        elif tokens > self._depth(arm):
             self._back_to_chain = True
 
     def describe(self, arm: int) -> str:

@@ -128,9 +128,9 @@ class SpeculativeDecoder:
 
     ``trees``: ``"off"`` (the default) drafts chains only. Where trees can run (a target that
     scores trees, a card with Features.TREES; sampled decoding also needs DIST wire mode and
-    Features.SAMPLED_TREES), ``"auto"`` lets a lone
-    sequence measure the steady chain against ``DEFAULT_TREES`` and draft the shape that gives
-    the most tokens a second (``TreeChooser``; a batch drafts chains); one ``TreeRequest``
+    Features.SAMPLED_TREES), ``"auto"`` lets a lone sequence measure the steady chain against
+    ``DEFAULT_TREES`` and draft the shape that gives the most tokens a second
+    (``TreeChooser``; a batch drafts chains); one ``TreeRequest``
     fixes the tree for every sequence, batches included (their trees and chains scored in one
     pass, ``TargetAdapter.verify_drafts``), several are the candidates. ``tree_note`` says why
     trees do not run where they do not. ``"auto"`` is not the default: on the demo pair a tree
@@ -626,12 +626,16 @@ class SpeculativeDecoder:
             )
         if self.sampling.greedy:
             return verify_greedy(draft.tokens, logits)  # checks the logits it decides by
-        if not np.isfinite(logits).all():
-            raise TargetOutputError("target returned NaN or infinite logits")
-        p = target_probs(logits, self.sampling)
+        p = self._sampled_probs(logits)
         if draft.dists is not None:
             return verify_with_distributions(draft.tokens, draft.dists, p, s.rng)
         return verify_tokens_only(draft.tokens, p, s.rng)
+
+    def _sampled_probs(self, logits: np.ndarray) -> np.ndarray:
+        """The target's sampling probabilities from its logits, refusing NaN or infinity."""
+        if not np.isfinite(logits).all():
+            raise TargetOutputError("target returned NaN or infinite logits")
+        return target_probs(logits, self.sampling)
 
     def _accept_tree(self, s: _Sequence, logits: np.ndarray) -> Verdict:
         """The target's verdict on the sequence's tree draft (greedy, or recursive rejection
@@ -648,9 +652,7 @@ class SpeculativeDecoder:
         if self.sampling.greedy:
             nodes, token = verify_tree_greedy(tree, logits)
         else:
-            if not np.isfinite(logits).all():
-                raise TargetOutputError("target returned NaN or infinite logits")
-            p = target_probs(logits, self.sampling)
+            p = self._sampled_probs(logits)
             q = drawn_from(tree, draft.dists, self.target.vocab_size)
             nodes, token = verify_tree_sampled(tree, p, q, s.rng)
         self.target.keep_path(s.index, tree, nodes)

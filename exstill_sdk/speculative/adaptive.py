@@ -11,8 +11,14 @@ The formula, from measurements:
     K*           = argmax_{0 <= K <= max_k} E[tokens](K) / T(K)
 
 a_j is the measured probability that drafted position j is accepted given that all before it
-were (counts with an optimistic prior of 0.8 worth two rounds, so that positions not yet tried
-look worth trying; halved every 256 rounds, so a long-lived policy follows its text); d is the
+were, in this sequence's text: its counts there (halved every 16 rounds, as a text changes
+within a sequence) joined, worth two drafts, by position j's rate over every text so far (an
+optimistic 0.8 worth two rounds before any, so that drafting looks worth trying; halved every
+256 rounds) moved toward the rate this text gave at the positions above j. Texts differ far
+more than positions of one text do: a text the draft takes whole and one it mostly misses
+follow each other, and what other texts showed of a position the new one has not reached
+misleads more than the new one's first rounds. A round's acceptance is told as soon as its
+verdict is known, before the next K is chosen; what the round cost comes a round later. d is the
 measured card wait per drafted token (near 0 when prefetch answers at once); c + v(K + 1) is
 the host's and the target's time in a round verifying K + 1 tokens: the moving average of such
 rounds where there were at least two, else c plus a least-squares line through the verify
@@ -23,8 +29,9 @@ What the formula cannot see, the rounds show. Once steady rounds of a K (followi
 the same K, so that the card drafted ahead for it) have been seen whole four times within the
 last 64 rounds, the tokens per second they really gave, card wait included, replace the formula
 for that K: prefetch hits and misses, and first runs of a shape, count as they happen. The
-formula still ranks the K not measured lately, scaled by how far it was off for the drafting K
-measured most.
+formula ranks the K not measured lately as it stands (scaling it by how far it was off for the K
+measured most took the error of a long draft's deep positions to the short drafts, and sent
+the policy to K = 0 on text where K = 4 paid).
 
 Exploration: every 8th round K*+1, so that positions beyond K* keep being measured; four rounds
 later K*-1, or two rounds at K = 0 while the target alone has not been measured in the last 64
@@ -32,8 +39,7 @@ rounds and drafting does not already promise twice its rate (it is the baseline 
 must beat; only the second round counts, as the card may still be drafting ahead beside the
 first, and on this kind of machine card and target share the last-level cache).
 
-A new sequence is a new text: what the policy knows of acceptance then weighs as eight drafts
-(its rates kept, a prior the new text soon outweighs), and the tokens per second measured at
+A new sequence is a new text: its counts start empty, and the tokens per second measured at
 each drafting K are forgotten (they were the last text's); what a pass costs, the card's wait
 a token and the target alone's rate are the machine's and stay.
 
@@ -42,8 +48,9 @@ card round at all (the decoder brings the card up to date when K* turns positive
 policy probes K = 1 after 32 rounds, then after 64, 128, up to 1024 while probes keep confirming
 K* = 0, and leaves K = 0 only for a K that promises 15% more than the target alone: each switch
 costs the card a catch-up that the rates do not count, and without the margin text that is
-briefly easy to draft makes K* flip between 0 and 2 at a loss. K* is recomputed every 4th round
-(every 16th while it is 0).
+briefly easy to draft makes K* flip between 0 and 2 at a loss. K* is recomputed every round
+(a text the draft takes whole gets its long drafts in the few rounds a sequence may have), every
+16th while it is 0.
 
 Pure Python on purpose: this runs every round, and on a target whose step costs a few hundred
 microseconds, numpy's per-call overhead on arrays of nine numbers would be a visible share.
@@ -73,8 +80,9 @@ the target alone."""
 SWITCH_MARGIN = 0.15
 """At K* = 0, drafting must promise this much more than the target alone before the stream
 drafts again: each switch costs the card a catch-up that the rates above do not count."""
-NEW_TEXT_WEIGHT = 8.0
-"""At a new sequence, the acceptance counts weigh as at most this many drafts."""
+TEXT_WEIGHT = 2.0
+"""A position's counts in this text weigh against what every text and this text's positions
+above it give (``PositionAcceptance.rates_given``) as if that were this many drafts."""
 ACCEPTANCE_HALF_LIFE = 256
 """Every this many rounds the acceptance counts are halved, so that a long-lived policy follows
 the text it now drafts for (and, at K = 0, what a probe sees soon counts)."""
@@ -93,6 +101,11 @@ class KPolicy:
     def plain_rounds(self) -> int:
         """How many next rounds are sure to be at K = 0 (the decoder runs them as one burst)."""
         return 0
+
+    def observe_acceptance(self, k: int, accepted: int) -> None:
+        """A round drafted ``k`` tokens and the target accepted the first ``accepted``: told as
+        soon as the verdict is known, before the next K is chosen (what the round cost comes a
+        round later, with ``observe``)."""
 
     def observe(
         self,
@@ -140,7 +153,11 @@ class AdaptiveK(KPolicy):
     EXPLORE_EVERY = 8
     IDLE_PROBE_FIRST = 32
     IDLE_PROBE_MAX = 1024
-    REPLAN_EVERY = 4
+    REPLAN_EVERY = 1
+    TEXT_HALF_LIFE = 16
+    """Every this many rounds this text's counts are halved: a text changes within a sequence
+    (a hard stretch, then one the draft takes whole)."""
+    IDLE_REPLAN_EVERY = 16
 
     def __init__(self, max_k: int = 8, initial: int | None = None) -> None:
         self.max_k = max_k
@@ -148,6 +165,9 @@ class AdaptiveK(KPolicy):
         # favour the longest draft; measurements bring K down when the draft is poor.
         self.initial = max_k if initial is None else min(initial, max_k)
         self.acceptance = PositionAcceptance(max_k)
+        """Every text's counts: what the draft does in general."""
+        self.text = PositionAcceptance(max_k)
+        """This sequence's counts."""
         self._verify = [MovingAverage(VERIFY_WINDOW) for _ in range(max_k + 2)]
         """Per n = tokens verified: the target's seconds."""
         self._verify_fn: Callable[[int], float] | None = None
@@ -159,7 +179,6 @@ class AdaptiveK(KPolicy):
         """Per K: rounds measured whole (card wait too), their tokens and seconds."""
         self._wait: tuple[int, float] | None = None  # the card wait of the next round's draft
         self._done_at = [0] * (max_k + 1)  # per K: the round it was last measured whole
-        self._bias = 1.0  # measured / formula tokens per second, for the K not measured lately
         self._rates = [0.0] * (max_k + 1)  # the last plan's tokens per second, by K
         self._last_k = -1
         self.draft_per_token = 0.0
@@ -180,9 +199,10 @@ class AdaptiveK(KPolicy):
         card_wait_s: float,
     ) -> None:
         self.rounds += 1
-        self.acceptance.observe(k, accepted)
         if self.rounds % ACCEPTANCE_HALF_LIFE == 0:
             self.acceptance.halve()
+        if self.rounds % self.TEXT_HALF_LIFE == 0:
+            self.text.halve()
         self._verify[k + 1].update(verify_s)
         self._verify_fn = None
         self._round[k].update(verify_s + other_s)
@@ -199,6 +219,10 @@ class AdaptiveK(KPolicy):
         if next_k:
             self.draft_per_token += alpha * (card_wait_s / next_k - self.draft_per_token)
         self.other += alpha * (other_s - self.other)
+
+    def observe_acceptance(self, k: int, accepted: int) -> None:
+        self.acceptance.observe(k, accepted)
+        self.text.observe(k, accepted)
 
     def _done(self, k: int, tokens: float, seconds: float, rounds: int = 1) -> None:
         """A whole round at K (``rounds`` of them, averaged): what it yielded and cost."""
@@ -222,7 +246,7 @@ class AdaptiveK(KPolicy):
         """Up to the next probe or replan."""
         if self._best != 0:
             return 0
-        replan = self.REPLAN_EVERY * 4 - (self.rounds - self._planned_at)
+        replan = self.IDLE_REPLAN_EVERY - (self.rounds - self._planned_at)
         probe = self._idle_probe_every - self._idle_rounds - 1
         return max(0, min(replan, probe, PLAIN_BURST))
 
@@ -273,27 +297,20 @@ class AdaptiveK(KPolicy):
         best, best_rate = 0, rates[0]
         if self._best == 0:  # leaving K = 0 costs the card a catch-up: it must pay clearly
             best_rate *= 1 + SWITCH_MARGIN
-        model = [0.0]
         expected, run = 1.0, 1.0
-        for k in range(1, self.max_k + 1):
-            run *= self.acceptance.rate(k, PRIOR, PRIOR_WEIGHT)
+        pooled = [self.acceptance.rate(j, PRIOR, PRIOR_WEIGHT) for j in range(1, self.max_k + 1)]
+        for k, a in enumerate(self.text.rates_given(pooled, TEXT_WEIGHT), 1):
+            run *= a
             expected += run
-            model.append(expected / (times[k] + self.draft_per_token * k))
-        measured = [self._measured_rate(k) for k in range(self.max_k + 1)]
-        known = max(
-            range(1, self.max_k + 1), key=lambda k: (measured[k] > 0, self._done_tokens[k].count)
-        )
-        if measured[known]:  # what the formula misses for drafting rounds, it misses for all
-            self._bias = measured[known] / model[known]
-        for k in range(1, self.max_k + 1):
-            rates.append(measured[k] or model[k] * self._bias)
+            model = expected / (times[k] + self.draft_per_token * k)
+            rates.append(self._measured_rate(k) or model)
             if rates[k] > best_rate:
                 best, best_rate = k, rates[k]
         self._rates = rates
         return best
 
     def start_sequence(self) -> None:
-        self.acceptance.cap(NEW_TEXT_WEIGHT)
+        self.text = PositionAcceptance(self.max_k)
         for k in range(1, self.max_k + 1):
             self._done_tokens[k] = MovingAverage(VERIFY_WINDOW)
             self._done_seconds[k] = MovingAverage(VERIFY_WINDOW)
@@ -316,7 +333,7 @@ class AdaptiveK(KPolicy):
             return 0
         if self.rounds < 2 or sum(a.count for a in self._verify) < 2:  # no verify cost yet
             return min(self.initial, max_k)
-        every = self.REPLAN_EVERY if self._best else self.REPLAN_EVERY * 4  # idle: calmer
+        every = self.REPLAN_EVERY if self._best else self.IDLE_REPLAN_EVERY
         if self._best < 0 or self.rounds - self._planned_at >= every:
             self._best, self._planned_at = self._plan(), self.rounds
         best = min(self._best, max_k)

@@ -46,6 +46,21 @@ class PositionAcceptance:
         """Acceptance at position j, the counts joined by ``prior`` worth ``weight`` drafts."""
         return (self.accepted[j] + prior * weight) / (self.reached[j] + weight)
 
+    def rates_given(self, prior: list[float], weight: float) -> list[float]:
+        """Acceptance at positions 1..max_k (index j - 1) from these counts, one text's, given
+        ``prior`` (the rates over every text): position j's counts are joined by ``weight``
+        drafts of prior[j - 1] moved toward the rate this text gave at the positions above j.
+        A position the text rarely reached is taken to be like the ones above it in this text,
+        and, until the text has shown anything, like the same position in every text."""
+        rates = []
+        hits = reached = 0.0
+        for j in range(1, len(self.reached)):
+            expected = (prior[j - 1] * weight + hits) / (weight + reached)
+            rates.append(self.rate(j, expected, weight))
+            hits += self.accepted[j]
+            reached += self.reached[j]
+        return rates
+
 
 class MovingAverage:
     """The mean of the last about ``window`` samples: the plain mean until there are that many,

@@ -49,8 +49,9 @@ class KPlanner(Protocol):
 class PolicyPlanner:
     """A one-sequence ``KPolicy`` (fixed K, or ``AdaptiveK``) as a ``KPlanner``: every
     sequence gets the policy's K; an adaptive policy learns from a batch of one, observing each
-    round once the round after its pass has been timed (the card's wait for the next draft is
-    part of what a K costs)."""
+    round's acceptance at once, before the next K is chosen, and what the round cost once the
+    round after its pass has been timed (the card's wait for the next draft is part of what a K
+    costs)."""
 
     def __init__(self, policy: KPolicy) -> None:
         self.policy = policy
@@ -58,6 +59,7 @@ class PolicyPlanner:
         self._round: tuple[int, int, float, bool] | None = None
 
     def observe_round(self, seq: int, k: int, accepted: int) -> None:
+        self.policy.observe_acceptance(k, accepted)  # before the next K is chosen
         self._round = (k, accepted, *self._pass)
 
     def observe_pass(self, timing: PassTiming) -> None:

@@ -13,6 +13,7 @@ from exstill_sdk import open_card
 from exstill_sdk.adapters.onnx import OnnxTarget
 from exstill_sdk.demo import DRAFT_TARGET, demo_dir, demo_tokenizer, emulator_url
 from exstill_sdk.speculative import AdaptiveK, KPolicy, SpeculativeDecoder
+from exstill_sdk.speculative.rounds import PolicyPlanner
 
 
 def simulate(
@@ -37,6 +38,7 @@ def simulate(
         while accepted < k and rng.random() < acceptance:
             accepted += 1
         verify = (step_ms + per_token_ms * k) * 1e-3 * rng.uniform(0.95, 1.05)
+        policy.observe_acceptance(k, accepted)  # as the decoder tells it: before the next K
         next_k = policy.choose(8)
         wait = card_ms_per_token * next_k * 1e-3
         policy.observe(k, accepted, verify, 20e-6, next_k, wait)
@@ -99,6 +101,38 @@ def test_a_new_sequence_is_a_new_text() -> None:
             policy.start_sequence()
         chosen[told] = simulate(policy, 40, acceptance=0.3, seed=1, **costs)
     assert np.mean(chosen[True][10:]) <= 2 and np.mean(chosen[False][10:]) >= 6
+
+
+def test_a_text_taken_whole_gets_long_drafts_at_once() -> None:
+    """After 400 rounds of text the draft mostly misses (K settles short), a sequence whose
+    text the draft takes whole: from the fourth round on the policy drafts the longest chain, as
+    what this text shows outweighs what other texts showed of positions it has not reached."""
+    costs = dict(step_ms=21.0, per_token_ms=1.6, card_ms_per_token=0.1)
+    policy = AdaptiveK(8)
+    before = simulate(policy, 400, acceptance=0.5, **costs)
+    assert np.mean(before[100:]) <= 4
+    policy.start_sequence()
+    chosen = simulate(policy, 12, acceptance=1.0, seed=1, **costs)
+    assert min(chosen[3:]) >= 7 and Counter(chosen[3:])[8] >= 7  # 7: a round exploring K* - 1
+
+
+def test_the_planner_tells_acceptance_before_the_next_k() -> None:
+    """The decoder's planner tells the policy a round's acceptance as soon as the verdict is
+    known, so the K chosen next already knows it (what the round cost follows a round later)."""
+    told: list[tuple[str, int]] = []
+
+    class Recording(KPolicy):
+        def observe_acceptance(self, k: int, accepted: int) -> None:
+            told.append(("acceptance", accepted))
+
+        def choose(self, max_k: int) -> int:
+            told.append(("choose", max_k))
+            return 3
+
+    planner = PolicyPlanner(Recording())
+    planner.observe_round(0, 3, 2)
+    assert planner.choose([0], [5]) == [3]
+    assert told == [("acceptance", 2), ("choose", 5)]
 
 
 def test_drafting_resumes_when_it_pays_again() -> None:

@@ -147,8 +147,9 @@ class BatchK:
 
     # ------------------------------------------------------------------ measurements
 
-    def observe_round(self, seq: int, k: int, accepted: int) -> None:
-        """Sequence ``seq`` drafted ``k`` tokens and ``accepted`` of them were accepted."""
+    def observe_round(self, seq: int, k: int, accepted: int, timed: bool = True) -> None:
+        """Sequence ``seq`` drafted ``k`` tokens and ``accepted`` of them were accepted (its
+        costs come with the pass, ``timed`` or not)."""
         own = self._acceptance.get(seq)
         if own is None:
             own = self._acceptance[seq] = PositionAcceptance(self.max_k)

@@ -56,6 +56,7 @@ from exstill_sdk.speculative.timing import PassClock
 from exstill_sdk.speculative.trees import (
     TokenTree,
     drawn_from,
+    main_chain_verdict,
     verify_tree_greedy,
     verify_tree_sampled,
 )
@@ -404,6 +405,9 @@ class SpeculativeDecoder:
             emitted = self._emit(s, verdict, each)
             if s.asked is None:  # the chain planner learns from the chains of its K
                 planner.observe_round(s.index, len(s.draft.tokens), verdict.accepted)
+            elif s.draft.parents is not None:  # and the text from the chain inside a tree
+                k, accepted = main_chain_verdict(s.draft.parents, verdict.path)
+                planner.observe_round(s.index, k, accepted, timed=False)
             yield s, emitted
             if s.finish is None:
                 going.append((s, verdict))

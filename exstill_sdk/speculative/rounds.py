@@ -33,8 +33,9 @@ from exstill_sdk.stream import DraftStream
 class KPlanner(Protocol):
     """Chooses the next K of every sequence of a round from what rounds and passes cost."""
 
-    def observe_round(self, seq: int, k: int, accepted: int) -> None:
-        """Sequence ``seq`` drafted ``k`` tokens and ``accepted`` of them were accepted."""
+    def observe_round(self, seq: int, k: int, accepted: int, timed: bool = True) -> None:
+        """Sequence ``seq`` drafted ``k`` tokens and ``accepted`` of them were accepted
+        (``timed=False``: the chain inside a tree round, whose costs are not a chain's)."""
 
     def observe_pass(self, timing: PassTiming) -> None: ...
 
@@ -58,9 +59,9 @@ class PolicyPlanner:
         self._pass: tuple[float, bool] = (0.0, False)
         self._round: tuple[int, int, float, bool] | None = None
 
-    def observe_round(self, seq: int, k: int, accepted: int) -> None:
+    def observe_round(self, seq: int, k: int, accepted: int, timed: bool = True) -> None:
         self.policy.observe_acceptance(k, accepted)  # before the next K is chosen
-        self._round = (k, accepted, *self._pass)
+        self._round = (k, accepted, *self._pass) if timed else None
 
     def observe_pass(self, timing: PassTiming) -> None:
         last, self._round = self._round, None

@@ -90,6 +90,28 @@ class TokenTree:
         return out
 
 
+def main_chain_verdict(parents: Sequence[int], kept: Sequence[int]) -> tuple[int, int]:
+    """(its length, how many of its tokens were kept) for the chain inside a tree (its
+    ``parents``, as ``TokenTree`` holds them; ``kept``, the nodes verification kept): from the
+    context, each node's first child (the draft's likeliest, as the card ranks and numbers
+    them), as deep as the tree goes. A chain of that length drafted instead would have kept as
+    many tokens (greedy: the target's tokens decide the same way; sampled: the first child is
+    tried exactly as a chain's token is), so a tree round tells the chain's K policy what the
+    text is doing."""
+    first: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        first.setdefault(parent, node)
+    length, node = 0, ROOT
+    while node in first:
+        length, node = length + 1, first[node]
+    accepted, node = 0, ROOT
+    for child in kept:
+        if first.get(node) != child:
+            break
+        accepted, node = accepted + 1, child
+    return length, accepted
+
+
 def greedy_path(tree: TokenTree, target_tokens: Sequence[int]) -> list[int]:
     """The nodes greedy verification keeps: from the context, the child whose token is the
     target's next token (``target_tokens``: what the target picks after the context, then

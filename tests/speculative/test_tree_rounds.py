@@ -14,7 +14,7 @@ from exstill_sdk import WireMode, open_card  # noqa: E402
 from exstill_sdk.adapters.hf import HFTarget  # noqa: E402
 from exstill_sdk.adapters.onnx import OnnxTarget  # noqa: E402
 from exstill_sdk.protocol.messages import TreeRequest  # noqa: E402
-from exstill_sdk.speculative import SamplingParams, SpeculativeDecoder  # noqa: E402
+from exstill_sdk.speculative import AdaptiveK, SamplingParams, SpeculativeDecoder  # noqa: E402
 from exstill_sdk.speculative.shapes import TreeChooser  # noqa: E402
 
 from ..firmware.test_transformer import generate  # noqa: E402
@@ -119,6 +119,22 @@ def test_a_fixed_tree_runs_for_every_sequence_of_a_batch_in_one_pass(pair, onnx_
     assert max(target.batched) == 4  # four sequences' trees scored in one pass
     # a tree alone only in a round with one sequence left (all four end near one another)
     assert target.alone <= 2 and target.alone + sum(target.batched) >= decoder.metrics.tree_rounds
+
+
+def test_tree_rounds_tell_the_chains_k_policy_what_the_text_does(pair, onnx_reference) -> None:
+    """Every round of a fixed tree tells the K policy what the chain inside it kept (the
+    policy would otherwise know nothing of the text while trees run)."""
+    policy = AdaptiveK(8)
+    target = OnnxTarget(pair.target_image, max_sequences=1, positions=512)
+    with open_card(pair.url()) as card:
+        decoder = SpeculativeDecoder(
+            card, target, draft="partly", k=policy, trees=TreeRequest(6, 2, 4)
+        )
+        result = decoder.generate(prompts()[0], N_NEW, stop_token_ids=[])
+    assert result.tokens == onnx_reference[0]
+    m = result.metrics
+    assert m.tree_rounds > 0
+    assert policy.acceptance.reached[1] == m.num_drafts  # each round with a draft, once
 
 
 def test_trees_option_is_checked(pair) -> None:

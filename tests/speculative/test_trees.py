@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exstill_sdk.speculative.trees import ROOT, TokenTree, best_first_tree, greedy_path
+from exstill_sdk.speculative.trees import (
+    ROOT,
+    TokenTree,
+    best_first_tree,
+    greedy_path,
+    main_chain_verdict,
+)
 
 VOCAB = 5
 
@@ -92,6 +98,41 @@ def test_greedy_follows_the_branch_the_target_takes() -> None:
     assert greedy_path(tree, [5, 6]) == [0, 2]
     assert greedy_path(tree, [4]) == []
     assert tree.path(5) == [5, 8, 10]
+
+
+@given(
+    st.integers(0, 1000),
+    st.integers(1, 12),
+    st.integers(1, 3),
+    st.lists(st.integers(0, VOCAB - 1), max_size=12),
+)
+def test_a_tree_round_tells_what_its_chain_would_have_kept(
+    seed: int, budget: int, top_k: int, target: list[int]
+) -> None:
+    """The chain inside a tree (each node's first child) is the draft's own chain, and the
+    tokens greedy verification of the tree keeps along it are what the chain would have kept:
+    what the decoder tells the chain's K policy after a tree round."""
+    next_probs = oracle(seed)
+    tree = best_first_tree(next_probs, budget, top_k)
+    length, accepted = main_chain_verdict(tree.parents, greedy_path(tree, target))
+    chain = best_first_tree(next_probs, length, 1)
+    first = {}
+    for node, parent in enumerate(tree.parents):
+        first.setdefault(parent, node)
+    node, inside = ROOT, []
+    while node in first:
+        node = first[node]
+        inside.append(tree.tokens[node])
+    assert inside == list(chain.tokens)
+    assert accepted == len(greedy_path(chain, target))
+
+
+def test_the_chain_inside_a_hand_built_tree() -> None:
+    tree = TokenTree((5, 7, 6, 8, 9, 10), (ROOT, ROOT, 0, 0, 1, 3))  # as drawn above
+    assert main_chain_verdict(tree.parents, [0, 2]) == (2, 2)  # 5, 6: the chain whole
+    assert main_chain_verdict(tree.parents, [0, 3, 5]) == (2, 1)  # off the chain at 8
+    assert main_chain_verdict(tree.parents, [1, 4]) == (2, 0)
+    assert main_chain_verdict((), []) == (0, 0)
 
 
 def test_a_parent_after_its_child_is_refused() -> None:

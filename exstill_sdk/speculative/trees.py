@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -216,23 +216,44 @@ def sampled_tree(
     return TokenTree(tuple(grown.tokens), tuple(grown.parents))
 
 
-def drawn_from(
-    tree: TokenTree, dists: Sequence[Distribution] | None, vocab: int
-) -> dict[int, np.ndarray]:
+class DrawnRows(Mapping[int, np.ndarray]):
+    """The draft's rows of ``q`` for ``verify_tree_sampled``, made when read: the walk reads
+    only the rows of the nodes it passes through, and a dense row is a vocabulary's floats
+    (a tree of 64 nodes over 49,152 tokens would build up to 64 of them a round)."""
+
+    def __init__(self, first: dict[int, Distribution], vocab: int) -> None:
+        self._first = first
+        self._vocab = vocab
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        if row not in self._rows:
+            dist = self._first[row]
+            dense = np.zeros(self._vocab)
+            tokens = np.asarray(dist.tokens, np.int64)
+            np.add.at(dense, tokens, np.asarray(dist.weights, np.float64))
+            self._rows[row] = dense / dense.sum()
+        return self._rows[row]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+
+def drawn_from(tree: TokenTree, dists: Sequence[Distribution] | None, vocab: int) -> DrawnRows:
     """The draft's rows of ``q`` for ``verify_tree_sampled`` from a sampled tree's
     distributions on the wire (per node, the one it was drawn from): row p + 1 for each
-    parent p, over ``vocab`` tokens."""
+    parent p, over ``vocab`` tokens, each made when the walk first reads it."""
     if dists is None or len(dists) != len(tree):
         raise ProtocolError(
             "the card's sampled tree lacks the distribution each node was drawn from"
         )
-    rows: dict[int, np.ndarray] = {}
+    first: dict[int, Distribution] = {}
     for parent, dist in zip(tree.parents, dists, strict=True):
-        if parent + 1 not in rows:
-            row = np.zeros(vocab)
-            np.add.at(row, np.asarray(dist.tokens, np.int64), np.asarray(dist.weights, np.float64))
-            rows[parent + 1] = row / row.sum()
-    return rows
+        first.setdefault(parent + 1, dist)
+    return DrawnRows(first, vocab)
 
 
 def verify_tree_sampled(

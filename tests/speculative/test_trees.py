@@ -10,10 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exstill_sdk.errors import ProtocolError
+from exstill_sdk.protocol.drafts import Distribution
 from exstill_sdk.speculative.trees import (
     ROOT,
     TokenTree,
     best_first_tree,
+    drawn_from,
     greedy_path,
     main_chain_verdict,
 )
@@ -133,6 +136,29 @@ def test_the_chain_inside_a_hand_built_tree() -> None:
     assert main_chain_verdict(tree.parents, [0, 3, 5]) == (2, 1)  # off the chain at 8
     assert main_chain_verdict(tree.parents, [1, 4]) == (2, 0)
     assert main_chain_verdict((), []) == (0, 0)
+
+
+def test_the_drafts_rows_are_made_as_the_walk_reads_them() -> None:
+    """Row p + 1 is the distribution node p's children were drawn from (the first one sent
+    for p), normalised over the vocabulary, made when first read."""
+    tree = TokenTree((5, 7, 6, 8, 9, 10), (ROOT, ROOT, 0, 0, 1, 3))
+    after = {
+        ROOT: Distribution((5, 7, 2), (6, 3, 1)),
+        0: Distribution((6, 8), (1, 1)),
+        1: Distribution((9,), (4,)),
+        3: Distribution((10, 10, 1), (1, 2, 1)),  # a token twice: its weights add
+    }
+    dists = [after[p] for p in tree.parents]
+    rows = drawn_from(tree, dists, 12)
+    assert sorted(rows) == [0, 1, 2, 4] and len(rows) == 4
+    assert not rows._rows  # nothing made before it is read
+    assert rows[4][10] == pytest.approx(0.75) and rows[4][1] == pytest.approx(0.25)
+    assert list(rows._rows) == [4]
+    for parent, dist in after.items():
+        want = np.array([dist.probability(t) for t in range(12)])
+        assert rows[parent + 1] == pytest.approx(want)
+    with pytest.raises(ProtocolError, match="distribution each node was drawn from"):
+        drawn_from(tree, dists[:-1], 12)
 
 
 def test_a_parent_after_its_child_is_refused() -> None:

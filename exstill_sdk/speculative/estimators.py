@@ -31,16 +31,8 @@ class PositionAcceptance:
             hits[j] += j <= accepted
 
     def halve(self) -> None:
-        self.scale(0.5)
-
-    def scale(self, factor: float) -> None:
-        self.reached = [r * factor for r in self.reached]
-        self.accepted = [a * factor for a in self.accepted]
-
-    def cap(self, drafts: float) -> None:
-        """Weigh the counts as at most ``drafts`` drafts (their rates unchanged)."""
-        if self.reached[1] > drafts:
-            self.scale(drafts / self.reached[1])
+        self.reached = [r * 0.5 for r in self.reached]
+        self.accepted = [a * 0.5 for a in self.accepted]
 
     def rate(self, j: int, prior: float, weight: float) -> float:
         """Acceptance at position j, the counts joined by ``prior`` worth ``weight`` drafts."""

@@ -11,19 +11,21 @@ The formula, from measurements:
     K*           = argmax_{0 <= K <= max_k} E[tokens](K) / T(K)
 
 a_j is the measured probability that drafted position j is accepted given that all before it
-were, in this sequence's text: its counts there (halved every 16 rounds, as a text changes
+were, in this sequence's text: its counts there (halved every 16 verdicts, as a text changes
 within a sequence) joined, worth two drafts, by position j's rate over every text so far (an
 optimistic 0.8 worth two rounds before any, so that drafting looks worth trying; halved every
 256 rounds) moved toward the rate this text gave at the positions above j. Texts differ far
 more than positions of one text do: a text the draft takes whole and one it mostly misses
 follow each other, and what other texts showed of a position the new one has not reached
 misleads more than the new one's first rounds. A round's acceptance is told as soon as its
-verdict is known, before the next K is chosen; what the round cost comes a round later. d is the
-measured card wait per drafted token (near 0 when prefetch answers at once); c + v(K + 1) is
-the host's and the target's time in a round verifying K + 1 tokens: the moving average of such
-rounds where there were at least two, else c plus a least-squares line through the verify
-averages of the n that were seen (a target's cost is not a line in n: onnxruntime and BLAS pick
-kernels by shape, so what was measured is used as measured).
+verdict is known, and K* is planned again before the next K is chosen (a tree round tells the
+chain inside it: that keeps the chain's expected rate, which a tree must beat, current while
+trees run); what the round cost comes a round later. d is the measured card wait per drafted
+token (near 0 when prefetch answers at once); c + v(K + 1) is the host's and the target's time
+in a round verifying K + 1 tokens: the moving average of such rounds where there were at least
+two, else c plus a least-squares line through the verify averages of the n that were seen (a
+target's cost is not a line in n: onnxruntime and BLAS pick kernels by shape, so what was
+measured is used as measured).
 
 What the formula cannot see, the rounds show. Once steady rounds of a K (following a round at
 the same K, so that the card drafted ahead for it) have been seen whole four times within the
@@ -155,7 +157,7 @@ class AdaptiveK(KPolicy):
     IDLE_PROBE_MAX = 1024
     REPLAN_EVERY = 1
     TEXT_HALF_LIFE = 16
-    """Every this many rounds this text's counts are halved: a text changes within a sequence
+    """Every this many verdicts this text's counts are halved: a text changes within a sequence
     (a hard stretch, then one the draft takes whole)."""
     IDLE_REPLAN_EVERY = 16
 
@@ -186,6 +188,9 @@ class AdaptiveK(KPolicy):
         self.rounds = 0
         self._best = -1
         self._planned_at = 0
+        self._told = 0
+        """Verdicts told (``observe_acceptance``) in this sequence."""
+        self._told_at_plan = 0
         self._idle_rounds = 0
         self._idle_probe_every = self.IDLE_PROBE_FIRST
 
@@ -201,8 +206,6 @@ class AdaptiveK(KPolicy):
         self.rounds += 1
         if self.rounds % ACCEPTANCE_HALF_LIFE == 0:
             self.acceptance.halve()
-        if self.rounds % self.TEXT_HALF_LIFE == 0:
-            self.text.halve()
         self._verify[k + 1].update(verify_s)
         self._verify_fn = None
         self._round[k].update(verify_s + other_s)
@@ -223,6 +226,9 @@ class AdaptiveK(KPolicy):
     def observe_acceptance(self, k: int, accepted: int) -> None:
         self.acceptance.observe(k, accepted)
         self.text.observe(k, accepted)
+        self._told += 1
+        if self._told % self.TEXT_HALF_LIFE == 0:
+            self.text.halve()
 
     def _done(self, k: int, tokens: float, seconds: float, rounds: int = 1) -> None:
         """A whole round at K (``rounds`` of them, averaged): what it yielded and cost."""
@@ -311,6 +317,7 @@ class AdaptiveK(KPolicy):
 
     def start_sequence(self) -> None:
         self.text = PositionAcceptance(self.max_k)
+        self._told = self._told_at_plan = 0
         for k in range(1, self.max_k + 1):
             self._done_tokens[k] = MovingAverage(VERIFY_WINDOW)
             self._done_seconds[k] = MovingAverage(VERIFY_WINDOW)
@@ -334,8 +341,10 @@ class AdaptiveK(KPolicy):
         if self.rounds < 2 or sum(a.count for a in self._verify) < 2:  # no verify cost yet
             return min(self.initial, max_k)
         every = self.REPLAN_EVERY if self._best else self.IDLE_REPLAN_EVERY
-        if self._best < 0 or self.rounds - self._planned_at >= every:
+        told = self._told != self._told_at_plan  # a verdict since the plan, timed or not
+        if self._best < 0 or told or self.rounds - self._planned_at >= every:
             self._best, self._planned_at = self._plan(), self.rounds
+            self._told_at_plan = self._told
         best = min(self._best, max_k)
         if best == 0:
             self._idle_rounds += 1

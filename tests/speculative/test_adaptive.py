@@ -116,6 +116,26 @@ def test_a_text_taken_whole_gets_long_drafts_at_once() -> None:
     assert min(chosen[3:]) >= 7 and Counter(chosen[3:])[8] >= 7  # 7: a round exploring K* - 1
 
 
+def test_verdicts_told_alone_move_the_plan() -> None:
+    """Tree rounds tell the policy only what the chain inside each kept (no round costs, so
+    its round count stands still): the chain's expected rate, what a tree must beat, follows
+    them at once. Without replanning on a verdict it stayed where the last chain round left it
+    for as long as trees ran."""
+    costs = dict(step_ms=21.0, per_token_ms=1.6, card_ms_per_token=0.1)
+    policy = AdaptiveK(8)
+    simulate(policy, 200, acceptance=0.5, **costs)
+    policy.start_sequence()
+    simulate(policy, 20, acceptance=0.5, seed=1, **costs)
+    before, rounds = policy.expected_rate(), policy.rounds
+    assert before is not None
+    for _ in range(12):  # tree rounds whose chain was taken whole
+        policy.observe_acceptance(8, 8)
+        policy.choose(8)
+    after = policy.expected_rate()
+    assert policy.rounds == rounds and after is not None and after > 1.5 * before
+    assert policy.choose(8) >= 7
+
+
 def test_the_planner_tells_acceptance_before_the_next_k() -> None:
     """The decoder's planner tells the policy a round's acceptance as soon as the verdict is
     known, so the K chosen next already knows it (what the round cost follows a round later)."""

@@ -14,13 +14,15 @@ The choice, from measurements:
     m*          = the least m with rate(m) within 3% of the best; sequence i drafts as many
                   tokens as it has in the top m*
 
-a(i, l) is sequence i's measured acceptance at position l given all before it were accepted
-(its own counts, halved every 32 passes, with the batch's pooled rate worth four rounds as a
-prior; the pooled rate with a prior of 0.8 worth two rounds, so positions not tried look worth
-trying); a sequence's gains fall with j, so the top m is always a prefix per sequence. Near the
-best, the estimated rate is flat over a wide range of m, and what the estimates miss (the
-card's drafting ahead, acceptance that drifts) costs long drafts more than short ones: hence
-the least drafting among plans within 3% of the best.
+a(i, l) is sequence i's measured acceptance at position l given all before it were accepted:
+its own counts, halved every 32 passes, joined, worth four drafts, by the batch's pooled rate
+at l moved toward the rate sequence i gave at the positions above l (``rates_given``, as
+adaptive K reads one text: a sequence whose drafts were all kept is expected to go on past
+them, whatever other texts showed there); the pooled rate has a prior of 0.8 worth two rounds,
+so positions not tried look worth trying. A sequence's gains fall with j, so the top m is
+always a prefix per sequence. Near the best, the estimated rate is flat over a wide range of
+m, and what the estimates miss (the card's drafting ahead, acceptance that drifts) costs long
+drafts more than short ones: hence the least drafting among plans within 3% of the best.
 
 ``pass(T)`` is the measured cost of a pass of T tokens (``PassCost``: the averages per T,
 made non-decreasing and joined by lines; until two sizes are measured, proportional to T,
@@ -44,7 +46,8 @@ from exstill_sdk.speculative.timing import PassTiming
 PRIOR = 0.8
 PRIOR_WEIGHT = 2.0
 POOLED_WEIGHT = 4.0
-"""A sequence's own counts weigh against the batch's pooled rate as if it were this many rounds."""
+"""A sequence's own counts weigh against the batch's pooled rate (moved toward the sequence's
+rate above each position) as if it were this many drafts."""
 WINDOW = 16
 """Pass and round averages weigh about the last 16 of each."""
 HALF_LIFE = 256
@@ -182,11 +185,8 @@ class BatchK:
     def acceptance(self, seq: int) -> list[float]:
         """a(seq, l) for l = 1..max_k (index l - 1)."""
         own = self._acceptance.get(seq)
-        out = []
-        for j in range(1, self.max_k + 1):
-            pooled = self.pooled.rate(j, PRIOR, PRIOR_WEIGHT)
-            out.append(pooled if own is None else own.rate(j, pooled, POOLED_WEIGHT))
-        return out
+        pooled = [self.pooled.rate(j, PRIOR, PRIOR_WEIGHT) for j in range(1, self.max_k + 1)]
+        return pooled if own is None else own.rates_given(pooled, POOLED_WEIGHT)
 
     def _gains(self, seqs: list[int], limits: list[int]) -> list[tuple[float, int]]:
         """(gain, index in seqs) of every token the sequences could draft, best first."""

@@ -68,6 +68,20 @@ def test_between_them_a_few_tokens_each() -> None:
     assert 8 <= np.median(drafted[-100:]) <= 8 * 4
 
 
+def test_a_sequence_taken_whole_is_expected_to_go_on_past_what_it_drafted() -> None:
+    """Positions a sequence has not reached take its own rate above them, not only what other
+    sequences' texts showed there: one sequence kept all 4 of its drafts every round while
+    another always lost its 5th, and the first is still expected to keep a 5th."""
+    planner = BatchK(max_k=8)
+    for _ in range(10):
+        planner.observe_round(0, 4, 4)
+        planner.observe_round(1, 8, 4)
+    whole, halted = planner.acceptance(0), planner.acceptance(1)
+    assert whole[:4] == pytest.approx(halted[:4], abs=0.05) and min(whole[:4]) > 0.9
+    assert halted[4] < 0.3  # its own ten rejections at the 5th
+    assert whole[4] > 0.8  # before: the others' rate there, below 0.2
+
+
 def test_many_users_on_a_small_card_are_exact_and_do_not_hammer_it() -> None:
     """Ten users on a 3-stream card: the seven without a stream run with the target alone and
     ask again only when a stream frees; every output is the target's own greedy output."""

@@ -269,8 +269,8 @@ def test_trees_bench_sets_trees_beside_the_chain() -> None:
 
 
 def test_shapes_bench_runs_every_way_exactly() -> None:
-    """One user on the small demo target: every way's speed-up, auto's shapes, exact output
-    (the figures themselves are not judged here)."""
+    """One user on the small demo target, two held-out prompts and the demo's: every way's
+    speed-up, auto's shapes, exact output (the figures themselves are not judged here)."""
     out = subprocess.run(
         [
             script("exstill-bench"),
@@ -278,7 +278,7 @@ def test_shapes_bench_runs_every_way_exactly() -> None:
             "--target",
             "small",
             "--prompts",
-            "1",
+            "2",
             "--new-tokens",
             "40",
             "--repeats",
@@ -291,14 +291,14 @@ def test_shapes_bench_runs_every_way_exactly() -> None:
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["exact"] is True and result["prompts"] == 2
+    assert result["exact"] is True and result["prompts"] == 3  # two held out, the demo's
     ways = [row["way"] for row in result["rows"]]
     assert ways[:4] == ["chain, adaptive K", "chain, K=4", "chain, K=8", "chain, K=16"]
     assert "auto (adaptive K, trees where they pay)" in ways
     assert any(way.startswith("tree of 8 (top-2, depth 6)") for way in ways)
     assert result["best_chain"].startswith("chain")
     for row in result["rows"]:
-        assert len(row["speedup_by_prompt"]) == 2 and row["speedup_median"] > 0
+        assert len(row["speedup_by_prompt"]) == 3 and row["speedup_median"] > 0
         assert 1 <= row["mean_acceptance_length"] <= 17
     # auto's rounds, by shape: the chain or one of the decoder's candidate trees
     names = {"chain"} | {

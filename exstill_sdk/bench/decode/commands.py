@@ -106,7 +106,11 @@ def register(sub: Subcommands) -> None:
         help="demo target (default large, built into ~/.cache/exstill on first use)",
     )
     shapes.add_argument(
-        "--prompts", type=int, default=2, help="held-out prompts, then the demo's (default 2)"
+        "--prompts",
+        type=int,
+        default=1,
+        help="held-out prompts, then the demo's (default 1: the first held-out prompt, one the "
+        "draft takes almost whole)",
     )
     shapes.add_argument("--new-tokens", type=int, default=128, help="tokens a prompt (default 128)")
     shapes.add_argument("--repeats", type=int, default=3, help="alternating repeats (default 3)")

@@ -56,7 +56,7 @@ def _options(way: object) -> tuple[Any, Any]:
 def run(
     *,
     target: str = "large",
-    prompts: int = 2,
+    prompts: int = 1,
     prompt_tokens: int = 96,
     new_tokens: int = 128,
     repeats: int = 3,
@@ -69,7 +69,7 @@ def run(
     from exstill_sdk.speculative import SpeculativeDecoder
 
     ways: list[object] = ["adaptive", *chains, "auto", *trees]
-    with demo_card(1, prompt_tokens) as (card, held_out):
+    with demo_card(max(prompts, 1), prompt_tokens) as (card, held_out):
         inputs = [*held_out[:prompts], demo_tokenizer().encode(DEFAULT_PROMPT).ids]
         model = demo_onnx_target(demo_target(target).image, [1], inputs)
         want = [model.greedy(p, new_tokens) for p in inputs]

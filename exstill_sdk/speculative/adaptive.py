@@ -11,21 +11,21 @@ The formula, from measurements:
     K*           = argmax_{0 <= K <= max_k} E[tokens](K) / T(K)
 
 a_j is the measured probability that drafted position j is accepted given that all before it
-were, in this sequence's text: its counts there (halved every 16 verdicts, as a text changes
+were, in this sequence's text: its counts there (halved every 16 rounds, as a text changes
 within a sequence) joined, worth two drafts, by position j's rate over every text so far (an
 optimistic 0.8 worth two rounds before any, so that drafting looks worth trying; halved every
 256 rounds) moved toward the rate this text gave at the positions above j. Texts differ far
 more than positions of one text do: a text the draft takes whole and one it mostly misses
 follow each other, and what other texts showed of a position the new one has not reached
 misleads more than the new one's first rounds. A round's acceptance is told as soon as its
-verdict is known, and K* is planned again before the next K is chosen (a tree round tells the
-chain inside it: that keeps the chain's expected rate, which a tree must beat, current while
-trees run); what the round cost comes a round later. d is the measured card wait per drafted
-token (near 0 when prefetch answers at once); c + v(K + 1) is the host's and the target's time
-in a round verifying K + 1 tokens: the moving average of such rounds where there were at least
-two, else c plus a least-squares line through the verify averages of the n that were seen (a
-target's cost is not a line in n: onnxruntime and BLAS pick kernels by shape, so what was
-measured is used as measured).
+verdict is known, and after a draft's verdict K* is planned again before the next K is chosen
+(a tree round tells the chain inside it: that keeps the chain's expected rate, which a tree
+must beat, current while trees run); what the round cost comes a round later. d is the
+measured card wait per drafted token (near 0 when prefetch answers at once); c + v(K + 1) is
+the host's and the target's time in a round verifying K + 1 tokens: the moving average of such
+rounds where there were at least two, else c plus a least-squares line through the verify
+averages of the n that were seen (a target's cost is not a line in n: onnxruntime and BLAS
+pick kernels by shape, so what was measured is used as measured).
 
 What the formula cannot see, the rounds show. Once steady rounds of a K (following a round at
 the same K, so that the card drafted ahead for it) have been seen whole four times within the
@@ -157,8 +157,9 @@ class AdaptiveK(KPolicy):
     IDLE_PROBE_MAX = 1024
     REPLAN_EVERY = 1
     TEXT_HALF_LIFE = 16
-    """Every this many verdicts this text's counts are halved: a text changes within a sequence
-    (a hard stretch, then one the draft takes whole)."""
+    """Every this many rounds' verdicts (a tree's and the target alone's included) this text's
+    counts are halved: a text changes within a sequence (a hard stretch, then one the draft
+    takes whole)."""
     IDLE_REPLAN_EVERY = 16
 
     def __init__(self, max_k: int = 8, initial: int | None = None) -> None:
@@ -188,8 +189,10 @@ class AdaptiveK(KPolicy):
         self.rounds = 0
         self._best = -1
         self._planned_at = 0
+        self._verdicts = 0
+        """Rounds' verdicts told (``observe_acceptance``) in this sequence."""
         self._told = 0
-        """Verdicts told (``observe_acceptance``) in this sequence."""
+        """Of them, verdicts of drafts (K > 0)."""
         self._told_at_plan = 0
         self._idle_rounds = 0
         self._idle_probe_every = self.IDLE_PROBE_FIRST
@@ -224,11 +227,13 @@ class AdaptiveK(KPolicy):
         self.other += alpha * (other_s - self.other)
 
     def observe_acceptance(self, k: int, accepted: int) -> None:
-        self.acceptance.observe(k, accepted)
-        self.text.observe(k, accepted)
-        self._told += 1
-        if self._told % self.TEXT_HALF_LIFE == 0:
+        self._verdicts += 1  # the target alone's rounds too: the text moves on under them
+        if self._verdicts % self.TEXT_HALF_LIFE == 0:
             self.text.halve()
+        if k > 0:  # a round of the target alone tells nothing of acceptance: no plan on it
+            self.acceptance.observe(k, accepted)
+            self.text.observe(k, accepted)
+            self._told += 1
 
     def _done(self, k: int, tokens: float, seconds: float, rounds: int = 1) -> None:
         """A whole round at K (``rounds`` of them, averaged): what it yielded and cost."""
@@ -317,7 +322,7 @@ class AdaptiveK(KPolicy):
 
     def start_sequence(self) -> None:
         self.text = PositionAcceptance(self.max_k)
-        self._told = self._told_at_plan = 0
+        self._verdicts = self._told = self._told_at_plan = 0
         for k in range(1, self.max_k + 1):
             self._done_tokens[k] = MovingAverage(VERIFY_WINDOW)
             self._done_seconds[k] = MovingAverage(VERIFY_WINDOW)

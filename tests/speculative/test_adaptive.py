@@ -116,6 +116,28 @@ def test_a_text_taken_whole_gets_long_drafts_at_once() -> None:
     assert min(chosen[3:]) >= 7 and Counter(chosen[3:])[8] >= 7  # 7: a round exploring K* - 1
 
 
+def test_rounds_of_the_target_alone_do_not_replan_every_round() -> None:
+    """At K = 0 the policy plans again only every IDLE_REPLAN_EVERY rounds (a plan costs
+    microseconds, as much as a small target's step costs the host) or after a probe's verdict:
+    a round of the target alone tells no acceptance, so it is no verdict to plan on."""
+    costs = dict(step_ms=0.5, per_token_ms=0.3, card_ms_per_token=0.15)
+    policy = AdaptiveK(8)
+    simulate(policy, 200, acceptance=0.6, **costs)
+    plans = 0
+    plan = policy._plan
+
+    def counted() -> int:
+        nonlocal plans
+        plans += 1
+        return plan()
+
+    policy._plan = counted  # type: ignore[method-assign]
+    chosen = simulate(policy, 320, acceptance=0.6, seed=1, **costs)
+    probes = sum(1 for k in chosen if k)
+    assert Counter(chosen)[0] > 0.9 * len(chosen)
+    assert plans <= len(chosen) // AdaptiveK.IDLE_REPLAN_EVERY + 2 * probes + 2
+
+
 def test_verdicts_told_alone_move_the_plan() -> None:
     """Tree rounds tell the policy only what the chain inside each kept (no round costs, so
     its round count stands still): the chain's expected rate, what a tree must beat, follows

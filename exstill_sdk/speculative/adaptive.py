@@ -346,7 +346,7 @@ class AdaptiveK(KPolicy):
         if self.rounds < 2 or sum(a.count for a in self._verify) < 2:  # no verify cost yet
             return min(self.initial, max_k)
         every = self.REPLAN_EVERY if self._best else self.IDLE_REPLAN_EVERY
-        told = self._told != self._told_at_plan  # a verdict since the plan, timed or not
+        told = self._told != self._told_at_plan  # a draft's verdict since the plan, timed or not
         if self._best < 0 or told or self.rounds - self._planned_at >= every:
             self._best, self._planned_at = self._plan(), self.rounds
             self._told_at_plan = self._told

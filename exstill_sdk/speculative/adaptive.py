@@ -191,9 +191,8 @@ class AdaptiveK(KPolicy):
         self._planned_at = 0
         self._verdicts = 0
         """Rounds' verdicts told (``observe_acceptance``) in this sequence."""
-        self._told = 0
-        """Of them, verdicts of drafts (K > 0)."""
-        self._told_at_plan = 0
+        self._told_since_plan = False
+        """A draft's verdict (K > 0) was told since K* was last planned, timed or not."""
         self._idle_rounds = 0
         self._idle_probe_every = self.IDLE_PROBE_FIRST
 
@@ -233,7 +232,7 @@ class AdaptiveK(KPolicy):
         if k > 0:  # a round of the target alone tells nothing of acceptance: no plan on it
             self.acceptance.observe(k, accepted)
             self.text.observe(k, accepted)
-            self._told += 1
+            self._told_since_plan = True
 
     def _done(self, k: int, tokens: float, seconds: float, rounds: int = 1) -> None:
         """A whole round at K (``rounds`` of them, averaged): what it yielded and cost."""
@@ -322,7 +321,7 @@ class AdaptiveK(KPolicy):
 
     def start_sequence(self) -> None:
         self.text = PositionAcceptance(self.max_k)
-        self._verdicts = self._told = self._told_at_plan = 0
+        self._verdicts, self._told_since_plan = 0, False
         for k in range(1, self.max_k + 1):
             self._done_tokens[k] = MovingAverage(VERIFY_WINDOW)
             self._done_seconds[k] = MovingAverage(VERIFY_WINDOW)
@@ -346,10 +345,9 @@ class AdaptiveK(KPolicy):
         if self.rounds < 2 or sum(a.count for a in self._verify) < 2:  # no verify cost yet
             return min(self.initial, max_k)
         every = self.REPLAN_EVERY if self._best else self.IDLE_REPLAN_EVERY
-        told = self._told != self._told_at_plan  # a draft's verdict since the plan, timed or not
-        if self._best < 0 or told or self.rounds - self._planned_at >= every:
+        if self._best < 0 or self._told_since_plan or self.rounds - self._planned_at >= every:
             self._best, self._planned_at = self._plan(), self.rounds
-            self._told_at_plan = self._told
+            self._told_since_plan = False
         best = min(self._best, max_k)
         if best == 0:
             self._idle_rounds += 1

@@ -308,7 +308,7 @@ class AdaptiveK(KPolicy):
         if self._best == 0:  # leaving K = 0 costs the card a catch-up: it must pay clearly
             best_rate *= 1 + SWITCH_MARGIN
         expected, run = 1.0, 1.0
-        pooled = [self.acceptance.rate(j, PRIOR, PRIOR_WEIGHT) for j in range(1, self.max_k + 1)]
+        pooled = self.acceptance.rates(PRIOR, PRIOR_WEIGHT)
         for k, a in enumerate(self.text.rates_given(pooled, TEXT_WEIGHT), 1):
             run *= a
             expected += run

@@ -184,16 +184,20 @@ class BatchK:
 
     def acceptance(self, seq: int) -> list[float]:
         """a(seq, l) for l = 1..max_k (index l - 1)."""
+        return self._acceptance_given(seq, self.pooled.rates(PRIOR, PRIOR_WEIGHT))
+
+    def _acceptance_given(self, seq: int, pooled: list[float]) -> list[float]:
+        """a(seq, l) given the pooled rates (worked out once a pass, not once a sequence)."""
         own = self._acceptance.get(seq)
-        pooled = [self.pooled.rate(j, PRIOR, PRIOR_WEIGHT) for j in range(1, self.max_k + 1)]
         return pooled if own is None else own.rates_given(pooled, POOLED_WEIGHT)
 
     def _gains(self, seqs: list[int], limits: list[int]) -> list[tuple[float, int]]:
         """(gain, index in seqs) of every token the sequences could draft, best first."""
         gains: list[tuple[float, int]] = []
+        pooled = self.pooled.rates(PRIOR, PRIOR_WEIGHT)
         for i, (seq, limit) in enumerate(zip(seqs, limits, strict=True)):
             run = 1.0
-            for a in self.acceptance(seq)[:limit]:
+            for a in self._acceptance_given(seq, pooled)[:limit]:
                 run *= a
                 gains.append((run, i))
         gains.sort(key=lambda g: -g[0])

@@ -38,6 +38,10 @@ class PositionAcceptance:
         """Acceptance at position j, the counts joined by ``prior`` worth ``weight`` drafts."""
         return (self.accepted[j] + prior * weight) / (self.reached[j] + weight)
 
+    def rates(self, prior: float, weight: float) -> list[float]:
+        """``rate`` at positions 1..max_k (index j - 1)."""
+        return [self.rate(j, prior, weight) for j in range(1, len(self.reached))]
+
     def rates_given(self, prior: list[float], weight: float) -> list[float]:
         """Acceptance at positions 1..max_k (index j - 1) from these counts, one text's, given
         ``prior`` (the rates over every text): position j's counts are joined by ``weight``

@@ -48,6 +48,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
+TABLE_WIDTHS = ("2", "4", "8")
+"""The coverage widths the table shows (the JSON has every width from 1 to 8)."""
+
+
 def _table(report: dict[str, Any]) -> str:
     ks = [str(k) for k in range(1, report["max_k"] + 1)]
     lines = [
@@ -70,7 +74,7 @@ def _table(report: dict[str, Any]) -> str:
                 "draft's head"
             )
         for width, shares in row.get("coverage_by_depth", {}).items():
-            if width != "1":
+            if width in TABLE_WIDTHS:
                 cover = " ".join(f"{c:.2f}" for c in shares)
                 lines.append(f"  {'':<18} {cover}  (target token in the draft's top {width})")
     for name, cal in report.get("calibration", {}).items():

@@ -32,8 +32,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--card", default="exstill-x1", help="card profile (default exstill-x1)")
     p.add_argument(
         "--acceptance",
-        help="acceptance profile, or the JSON of a run (exstill demo --json, exstill-bench "
-        "e2e --json, vLLM spec-decode counters)",
+        help="acceptance profile, the JSON of a run (exstill demo --json, exstill-bench "
+        "e2e --json, vLLM spec-decode counters), or exstill eval --json's report "
+        "(REPORT#DRAFT or REPORT#DRAFT/CATEGORY)",
     )
     p.add_argument(
         "--users",

@@ -45,7 +45,8 @@ def runs_from_chains(chains: list[list[int]], continuation: np.ndarray) -> np.nd
     return runs
 
 
-COVERAGE_KS = (1, 2, 4, 8)
+COVERAGE_KS = tuple(range(1, 9))
+"""Widths k whose coverage is counted: the target's token among the draft's k likeliest."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ category and over all prompts:
 - ``acceptance_by_depth``: at the largest K, the share of passes reaching each depth whose
   drafted token there was kept;
 - ``coverage_by_depth``: at the largest K, the share of passes reaching each depth whose target
-  token was among the draft's 1, 2, 4, 8 most likely (what a tree that wide could keep; model
+  token was among the draft's k most likely, k = 1..8 (what a tree that wide could keep; model
   drafts only);
+- ``top_k``: the same over every depth reached, for k = 1..8: what ``exstill plan`` reads as
+  ``acceptance.top_k`` to weigh trees and prefetch for several outcomes (model drafts only);
 - ``head_coverage``: for a draft with a frequency-ranked head, the share of the target's tokens
   inside the head (the draft can never propose the others);
 - ``trees`` (with ``trees=`` budgets): for each budget N, tokens kept a pass by the chain of
@@ -100,6 +102,8 @@ class _Tally:
                 str(w): [round(float(x), 4) for x in d.covered[i] / reached]
                 for i, w in enumerate(COVERAGE_KS)
             }
+            checked = max(int(d.reached.sum()), 1)
+            out["top_k"] = [round(float(c) / checked, 4) for c in d.covered.sum(axis=1)]
         if self.in_head is not None:
             out["head_coverage"] = round(self.in_head / max(self.continuation, 1), 4)
         if self.tree_passes:

@@ -6,6 +6,9 @@ accepted (vLLM's per-position acceptance: accepted at position i over drafts). I
 - an acceptance profile (TOML or JSON): ``[acceptance] per_position = [...]``, or
   ``mean_length`` at ``at_k`` (then every position is accepted with the same chance a, the
   one that gives that mean length: 1 + a + ... + a^K);
+- an ``exstill eval --json`` report: one draft's acceptance by depth (``report.json#DRAFT``,
+  or ``#DRAFT/CATEGORY`` for one kind of prompt; the draft may go unnamed when the report holds
+  one model draft), with its ``top_k`` coverage for trees (below);
 - the JSON of a real run, found anywhere in it: the speculative metrics of ``exstill demo
   --json`` or ``exstill-bench`` (``num_accepted_tokens_per_pos`` with ``num_drafts_per_pos``),
   vLLM's counters (``num_accepted_tokens_per_pos`` with ``num_draft_tokens_per_pos``, as its
@@ -19,10 +22,10 @@ Trees, and drafting ahead for other outcomes, need more: where the target refuse
 token, how often its token is the draft's second choice, third, and so on (``rank_share``: the
 shares of a position's refusals that each further choice of the draft catches). A profile gives
 them as ``top_k`` (the chance that the target's token is among the draft's k likeliest, for k =
-1, 2, ...: EAGLE's and Medusa's top-k accuracy, ``exstill-bench`` and ``exstill eval`` where
-they report it) or as one published tree figure, ``tree_mean_length`` for ``tree_nodes`` (the
-seed's "7.42 for a tree of 64"): then each further choice catches the same share c of what the
-ones before it left, and c is the one that gives that figure (``tree_share``).
+1, 2, ...: EAGLE's and Medusa's top-k accuracy; ``exstill eval`` reports it for k = 1..8) or
+as one published tree figure, ``tree_mean_length`` for ``tree_nodes`` (the seed's "7.42 for a
+tree of 64"): then each further choice catches the same share c of what the ones before it
+left, and c is the one that gives that figure (``tree_share``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from exstill_sdk.plan.profiles import Fields, ProfileError, read_document, resolve
 from exstill_sdk.plan.shapes import tree_shape
@@ -156,9 +161,17 @@ ACCEPTANCE_FIELDS = (
 
 
 def load_acceptance(path: str | Path) -> Acceptance:
-    """An acceptance profile or a run's JSON (module docstring)."""
-    p = resolve(path, "acceptance")
+    """An acceptance profile, a run's JSON or an ``exstill eval --json`` report, whose draft
+    and prompt category ``path`` may name after a ``#`` (module docstring)."""
+    file, pick = (str(path), "") if Path(path).exists() else str(path).partition("#")[::2]
+    p = resolve(file, "acceptance")
     data = read_document(p)
+    if isinstance(data, dict) and isinstance(data.get("drafters"), dict):
+        return _from_eval(p.name, data["drafters"], pick)
+    if pick:
+        raise ProfileError(
+            f"{p.name}: '#{pick}' names a draft of an exstill eval report; this file is not one"
+        )
     if "acceptance" in data:
         fields = Fields(p.name, data["acceptance"], "acceptance")
         return _profile(p.name, fields.only(*ACCEPTANCE_FIELDS))
@@ -197,6 +210,35 @@ def _profile(source: str, a: Fields) -> Acceptance:
             raise ProfileError(f"{source}: acceptance.{exc}") from None
         return replace(chains, rank_share=geometric_shares(c))
     return chains
+
+
+def _from_eval(source: str, drafters: dict[str, Any], pick: str) -> Acceptance:
+    """One draft's acceptance in an ``exstill eval`` report, over all its prompts or one
+    category's (``pick``: ``DRAFT`` or ``DRAFT/CATEGORY``; none: the report's one model draft):
+    reach from its acceptance by depth, rank shares from its ``top_k``."""
+    name, _, category = pick.partition("/")
+    if not name:
+        models = [d for d, groups in drafters.items() if "top_k" in groups.get("all", {})]
+        if len(models) != 1:
+            raise ProfileError(
+                f"{source} holds the drafts {', '.join(drafters)}: name one, as "
+                f"{source}#DRAFT (or {source}#DRAFT/CATEGORY for one kind of prompt)"
+            )
+        name = models[0]
+    if name not in drafters:
+        raise ProfileError(f"{source} has no draft {name!r}: it has {', '.join(drafters)}")
+    groups = drafters[name]
+    row = groups.get(category or "all")
+    if not isinstance(row, dict) or "acceptance_by_depth" not in row:
+        raise ProfileError(
+            f"{source}: draft {name!r} has no category {category!r}: it has {', '.join(groups)}"
+        )
+    reach = tuple(float(r) for r in np.cumprod(row["acceptance_by_depth"]))
+    where = f"{source}#{name}/{category or 'all'}"
+    top_k = row.get("top_k")
+    if not top_k or top_k[0] >= 1.0:  # prompt lookup, or a draft never refused
+        return Acceptance(where, reach)
+    return Acceptance(where, reach, shares_from_top_k(where, top_k))
 
 
 def _from_run(data: Any) -> tuple[float, ...] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,11 @@ def test_eval_reports_every_draft_and_category(pair: dict[str, Path]) -> None:
     assert cover["1"] == other["acceptance_by_depth"]
     assert all(c8 >= c1 for c1, c8 in zip(cover["1"], cover["8"], strict=True))
     assert "coverage_by_depth" not in drafters["prompt lookup"]["all"]
+    # top_k: every depth reached together, so between the shallowest and deepest's coverage
+    assert len(other["top_k"]) == 8 and other["top_k"] == sorted(other["top_k"])
+    for k, pooled in enumerate(other["top_k"], 1):
+        assert min(cover[str(k)]) - 1e-4 <= pooled <= max(cover[str(k)]) + 1e-4
+    assert "top_k" not in drafters["prompt lookup"]["all"]
     # the target with half its head: it drafts the target's token exactly when it is in the head
     from exstill_sdk.evaluation.prompts import load_prompts
     from exstill_sdk.evaluation.target import (
@@ -178,3 +184,55 @@ def test_eval_mistakes_are_one_line(pair: dict[str, Path], tmp_path: Path) -> No
         assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     out = _eval("--target", str(tmp_path / "nowhere"), "--prompts", str(pair["prompts"]))
     assert out.returncode == 2 and "HF checkpoint directory or a GGUF file" in out.stderr
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exstill_sdk.cli.main", "plan", "--target", "gpt-oss-120b", *args],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_plan_reads_the_eval_report(pair: dict[str, Path], tmp_path: Path) -> None:
+    """exstill plan --acceptance takes exstill eval's real report: a draft's reach from its
+    acceptance by depth, the shares of its other choices from its top-k coverage."""
+    args = ["--target", str(pair["target"]), "--prompts", str(pair["prompts"])]
+    out = _eval(*args, "--draft", str(pair["other"]), "--new-tokens", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    report = tmp_path / "eval.json"
+    report.write_text(out.stdout)
+    row = json.loads(out.stdout)["drafters"]["other"]["a"]
+    # one model draft beside prompt lookup: it needs no name; a category is named after a /
+    for given in (str(report), f"{report}#other/a"):
+        planned = _plan("--acceptance", given, "--users", "1", "--json")
+        assert planned.returncode == 0, planned.stderr
+        acceptance = json.loads(planned.stdout)["acceptance"]
+        if given.endswith("/a"):
+            assert acceptance["source"] == "eval.json#other/a"
+            reach, depths = 1.0, row["acceptance_by_depth"]
+            for i, a in enumerate(depths):
+                reach *= a
+                assert acceptance["per_position"][i] == pytest.approx(reach, abs=1e-4)
+            top = row["top_k"]
+            shares = [(b - a) / (1 - top[0]) for a, b in pairwise(top)]
+            assert acceptance["rank_share"] == pytest.approx(shares, abs=1e-4)
+        else:
+            assert acceptance["source"] == "eval.json#other/all"
+    tree = _plan("--acceptance", f"{report}#other", "--users", "1", "--tree", "8", "--json")
+    assert tree.returncode == 0, tree.stderr
+    assert json.loads(tree.stdout)["rows"][0]["shape"] == "tree of 8"
+    # prompt lookup has no ranks: chains only
+    lookup = _plan("--acceptance", f"{report}#prompt lookup", "--users", "1", "--tree", "8")
+    assert lookup.returncode == 2 and "--tree needs" in lookup.stderr
+    two = _eval(*args, "--draft", str(pair["other"]), "--draft", str(pair["self"]), "--json")
+    assert two.returncode == 0, two.stderr
+    report.write_text(two.stdout)
+    for given, message in (
+        (str(report), "holds the drafts other, self, prompt lookup: name one"),
+        (f"{report}#nobody", "has no draft 'nobody'"),
+        (f"{report}#other/c", "has no category 'c'"),
+    ):
+        out = _plan("--acceptance", given)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr

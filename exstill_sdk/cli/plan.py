@@ -183,12 +183,13 @@ def _check(args: argparse.Namespace) -> int:
 
 def _check_table(result: dict[str, Any]) -> str:
     lines = [
-        f"{'target':<7} {'users':>5} {'K':>2} {'predicted':>10} {'measured':>10} {'error':>7}   "
-        f"{'plain: predicted':>16} {'measured':>9}   speed-up: predicted measured"
+        f"{'target':<7} {'users':>5} {'shape':<26} {'predicted':>10} {'measured':>10} "
+        f"{'error':>7}   {'plain: predicted':>16} {'measured':>9}   speed-up: predicted measured"
     ]
     for r in result["rows"]:
         lines.append(
-            f"{r['target']:<7} {r['users']:>5} {r['k']:>2} {r['predicted_tokens_per_s']:>10.1f} "
+            f"{r['target']:<7} {r['users']:>5} {r['shape']:<26} "
+            f"{r['predicted_tokens_per_s']:>10.1f} "
             f"{r['measured_tokens_per_s']:>10.1f} {r['error']:>+7.1%}   "
             f"{r['predicted_plain_tokens_per_s']:>16.1f} {r['measured_plain_tokens_per_s']:>9.1f}"
             f"   {r['predicted_speedup']:>8.2f}x {r['measured_speedup']:>7.2f}x"

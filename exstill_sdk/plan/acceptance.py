@@ -111,22 +111,34 @@ def geometric(source: str, mean_length: float, k: int) -> Acceptance:
     return Acceptance(source, tuple(a**i for i in range(1, k + 1)))
 
 
-def geometric_shares(c: float) -> tuple[float, ...]:
-    """``rank_share`` where each further choice catches the share c of what the ones before it
-    left."""
-    return tuple(c * (1 - c) ** i for i in range(RANKS - 1))
+def geometric_shares(c: float, ranks: int = RANKS) -> tuple[float, ...]:
+    """``rank_share`` where each further choice, up to the draft's ``ranks``-th, catches the
+    share c of what the ones before it left."""
+    return tuple(c * (1 - c) ** i for i in range(ranks - 1))
 
 
-def tree_share(reach: tuple[float, ...], mean_length: float, nodes: int) -> float:
-    """The share c (each further choice of the draft catching c of the refusals the ones
-    before it left) with which the best tree of ``nodes`` nodes keeps ``mean_length`` tokens a
-    pass on top of ``reach``."""
+def tree_share(
+    reach: tuple[float, ...],
+    mean_length: float,
+    nodes: int,
+    *,
+    ranks: int = RANKS,
+    depth: int | None = None,
+    clamp: bool = False,
+) -> float:
+    """The share c (each further choice of the draft, up to its ``ranks``-th, catching c of
+    the refusals the ones before it left) with which the best tree of ``nodes`` nodes, at most
+    ``depth`` deep, keeps ``mean_length`` tokens a pass on top of ``reach``. A length out of
+    reach of every c is an error, or with ``clamp`` gives the nearer end, 0 or 1."""
 
     def length(c: float) -> float:
-        return tree_shape(Acceptance("", reach, geometric_shares(c)), nodes).mean_length
+        given = Acceptance("", reach, geometric_shares(c, ranks))
+        return tree_shape(given, nodes, depth).mean_length
 
     lo, hi = 0.0, 1.0
     if not length(lo) <= mean_length <= length(hi):
+        if clamp:
+            return lo if mean_length < length(lo) else hi
         raise ProfileError(
             f"tree_mean_length {mean_length:g} for {nodes} nodes is out of reach of this "
             f"acceptance: {length(lo):.2f} with chains alone, {length(hi):.2f} at most"

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from exstill_sdk.errors import InvalidArgumentError
+from exstill_sdk.plan.shapes import DraftShape
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -145,6 +146,12 @@ class Fields:
         if value is None:
             raise self._fail(key, "is missing")
         return self._check(key, value, minimum, positive, maximum)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.table.get(key, default)
+        if not isinstance(value, bool):
+            raise self._fail(key, f"must be true or false, not {value!r}")
+        return value
 
     def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
         value = self.table.get(key, default)
@@ -502,6 +509,8 @@ CARD_FIELDS = (
     "ahead_us_per_token",
     "ahead_stream_us_per_token",
     "target_slowdown",
+    "tree_level_us",
+    "prefetch_trees",
 )
 PREFETCH = ("outcomes", "full-acceptance", "none")
 MAX_K = 16
@@ -562,6 +571,15 @@ class CardProfile:
     ahead beside it: 1 for a card of its own silicon (the default); above 1 for the emulator,
     which shares the CPU's caches and memory with the target. A plain step (K = 0, the card
     idle) is not slowed."""
+    tree_level_us: float | None
+    """A card that grows each stream's tree a pass a level, as the card runtime does (one run
+    of its tree graph over the level's best nodes): each level after the first costs this, the
+    first a chain's first step. None (the default): a tree's levels cost what a chain's steps
+    of as many rows do."""
+    prefetch_trees: bool
+    """Whether the card drafts a tree ahead, as it does a chain. The card runtime drafts a
+    tree when its COMMIT comes, never ahead; the default, true, is the card the seed's figures
+    assume."""
     host_us_per_round: float
     """The host's own time a round (its loop), besides the pass."""
     host_us_per_sequence: float
@@ -574,10 +592,19 @@ class CardProfile:
     def waves(self, streams: int) -> int:
         return math.ceil(streams / (self.parallel_streams * self.cards))
 
-    def drafting_us(self, streams: int, steps: tuple[int, ...], ahead: bool = False) -> float:
-        """Drafting a shape whose steps each take ``steps[i]`` rows a stream (a chain: one
-        each), for ``streams`` streams at once; ``ahead``: while the target verifies."""
-        return sum(self.draft_us(streams * rows, 1, ahead) for rows in steps)
+    def drafting_us(self, streams: int, shape: DraftShape, ahead: bool = False) -> float:
+        """Drafting ``shape`` for ``streams`` streams at once (``ahead``: while the target
+        verifies): each of its steps (``DraftShape.steps``) priced as a chain's step of as
+        many rows, or, for a tree with ``tree_level_us``, its first step and then each stream's
+        levels after the first, one after another."""
+        if shape.kind == "tree" and self.tree_level_us is not None:
+            levels = max(0, len(shape.levels) - 1)
+            return self.draft_us(streams, 1, ahead) + streams * levels * self.tree_level_us
+        return sum(self.draft_us(streams * rows, 1, ahead) for rows in shape.steps)
+
+    def drafts_ahead(self, shape: DraftShape) -> bool:
+        """Whether the card drafts the next ``shape`` ahead while the target verifies."""
+        return self.prefetch != "none" and (shape.kind != "tree" or self.prefetch_trees)
 
     def draft_us(self, streams: int, tokens: int, ahead: bool = False) -> float:
         """Drafting ``tokens`` tokens on each of ``streams`` streams: every wave pays a token
@@ -626,6 +653,8 @@ def load_card(path: str | Path) -> CardProfile:
             "ahead_stream_us_per_token", c.number("stream_us_per_token", 0.0)
         ),
         target_slowdown=c.number("target_slowdown", 1.0, positive=True),
+        tree_level_us=c.number("tree_level_us", positive=True) if c.has("tree_level_us") else None,
+        prefetch_trees=c.flag("prefetch_trees", True),
         host_us_per_round=host.number("us_per_round", 0.0),
         host_us_per_sequence=host.number("us_per_sequence", 0.0),
     )

@@ -81,8 +81,9 @@ def chain_shape(acceptance: Acceptance, k: int) -> DraftShape:
 
 
 @cache
-def tree_shape(acceptance: Acceptance, nodes: int) -> DraftShape:
-    """The ``nodes`` nodes of highest value, each among its parent's draft choices."""
+def tree_shape(acceptance: Acceptance, nodes: int, depth_cap: int | None = None) -> DraftShape:
+    """The ``nodes`` nodes of highest value, each among its parent's draft choices, none
+    deeper than ``depth_cap`` (a ``TreeRequest``'s depth) when given."""
     ranks: list[int] = []
     parents: list[int] = []
     depth: list[int] = []
@@ -99,7 +100,8 @@ def tree_shape(acceptance: Acceptance, nodes: int) -> DraftShape:
         ranks.append(rank)
         parents.append(parent)
         depth.append(depth[parent] + 1 if parent >= 0 else 1)
-        offer(len(ranks) - 1, -value, depth[-1])
+        if depth_cap is None or depth[-1] < depth_cap:
+            offer(len(ranks) - 1, -value, depth[-1])
     return _shape(acceptance, "tree", tuple(ranks), tuple(parents))
 
 

@@ -113,7 +113,7 @@ def simulate(
             users, 0, str(shape), rate, rate / users, plain_rate, rate / plain_rate, 1.0, 0.0,
             0, 0, 0, split,
         )  # fmt: skip
-    if card.prefetch != "none":  # the card drafts ahead beside the pass
+    if card.drafts_ahead(shape):  # the card drafts ahead beside the pass
         verify *= card.target_slowdown
     rtt = card.link_rtt_us / 1e3
     ahead_for = outcomes_ahead(card, shape, drafting, verify + host + rtt)
@@ -125,14 +125,14 @@ def simulate(
     ends = np.minimum(ends, len(shape.chance) - 1)  # which outcome each round ends in
     accepted = shape.accepted[ends]
     hits = ends < ahead_for
-    ahead = card.drafting_us(drafting * ahead_for, shape.steps, ahead=True) / 1e3
+    ahead = card.drafting_us(drafting * ahead_for, shape, ahead=True) / 1e3
     commit = card.commit_us * drafting
     clock = card_free = waited = 0.0
     for r in range(rounds):
         arrive = clock + verify + host + rtt / 2
         misses = drafting - int(hits[r].sum())
         start = max(arrive, card_free)
-        miss = (card.miss_us + card.drafting_us(misses, shape.steps)) * (misses > 0)
+        miss = (card.miss_us + card.drafting_us(misses, shape)) * (misses > 0)
         done = start + (commit + miss) / 1e3
         waited += done - arrive
         card_free = done + ahead
@@ -158,18 +158,19 @@ def simulate(
 
 
 def outcomes_ahead(card: CardProfile, shape: DraftShape, streams: int, window_ms: float) -> int:
-    """Outcomes the card drafts the next round ahead for, per stream: none without prefetch;
-    full acceptance alone (``full-acceptance``); or as many of the likeliest as fit, with it,
-    in ``outcome_share`` of the time from its reply to the next COMMITs (``outcomes``), as the
-    firmware plans them (firmware/outcomes.py), at most ``max_outcomes``."""
-    if card.prefetch == "none":
+    """Outcomes the card drafts the next round ahead for, per stream: none without prefetch
+    (or for a tree on a card that drafts trees when their COMMIT comes); full acceptance alone
+    (``full-acceptance``); or as many of the likeliest as fit, with it, in ``outcome_share`` of
+    the time from its reply to the next COMMITs (``outcomes``), as the firmware plans them
+    (firmware/outcomes.py), at most ``max_outcomes``."""
+    if not card.drafts_ahead(shape):
         return 0
     if card.prefetch == "full-acceptance":
         return 1
     most = min(card.max_outcomes, shape.nameable)
     budget = card.outcome_share * window_ms * 1e3
     m = 1
-    while m < most and card.drafting_us(streams * (m + 1), shape.steps, ahead=True) <= budget:
+    while m < most and card.drafting_us(streams * (m + 1), shape, ahead=True) <= budget:
         m += 1
     return m
 

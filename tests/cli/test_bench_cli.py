@@ -206,11 +206,22 @@ def test_plan_check_rows_are_predicted_against_measured() -> None:
 
     result = plan_check.run(targets=("small",), users=(1, 2), new_tokens=40, repeats=1)
     rows = result["rows"]
-    assert [(r["target"], r["users"]) for r in rows] == [("small", 1), ("small", 2)]
+    assert [(r["target"], r["users"]) for r in rows] == [("small", 1)] * 2 + [("small", 2)]
+    tree, *chains = rows
     for r in rows:
         assert r["predicted_tokens_per_s"] > 0 and r["measured_tokens_per_s"] > 0
         ratio = r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] - 1
-        assert abs(r["error"] - ratio) < 1e-3 and 0 <= r["k"] <= 8
+        assert abs(r["error"] - ratio) < 1e-3
+    # the tree row: a tree of 8 every round, drafted on the spot (the runtime never drafts a
+    # tree ahead), its levels at the card's measured cost
+    assert tree["shape"] == plan_check.TREE_NAME and tree["k"] == plan_check.TREE.nodes
+    assert tree["predicted_prefetch_hit_rate"] == tree["measured_prefetch_hit_rate"] == 0.0
+    assert 0.0 <= tree["second_choice_share"] <= 1.0
+    assert 1.0 < tree["measured_mean_acceptance_length"] <= plan_check.TREE.depth + 1
+    card = result["profiles"]["small"]["card"]["card"]
+    assert card["tree_level_us"] > 0 and card["prefetch_trees"] is False
+    for r in chains:
+        assert r["shape"] == f"chain of {r['k']}" and 0 <= r["k"] <= 8
     assert result["max_abs_error"] == max(abs(r["error"]) for r in rows)
     assert result["ok"] == (result["max_abs_error"] <= plan_check.TOLERANCE)
 

@@ -109,6 +109,9 @@ def test_planner_defaults_match_the_card_runtime() -> None:
     assert profiles.OUTCOME_SHARE == outcomes.WINDOW_SHARE
     card = load_card("exstill-x1")
     assert (card.max_k, card.max_tree_nodes) == (16, MAX_TREE_NODES)
+    # trees: priced as chain steps and drafted ahead, the card the seed's figures assume (the
+    # runtime drafts a tree when its COMMIT comes: a measured profile says so)
+    assert (card.tree_level_us, card.prefetch_trees) == (None, True)
 
 
 def test_measured_pass_table(tmp_path: Path) -> None:
@@ -216,6 +219,8 @@ def test_bad_target_names_the_field(tmp_path: Path, text: str, field: str) -> No
         ({"streams": 0}, "card.streams"),
         ({"prefetch": "sometimes"}, "card.prefetch"),
         ({"link_rtt_us": "fast"}, "card.link_rtt_us"),
+        ({"tree_level_us": 0}, "card.tree_level_us"),
+        ({"prefetch_trees": "no"}, "card.prefetch_trees"),
     ],
 )
 def test_bad_card_names_the_field(tmp_path: Path, change: dict, field: str) -> None:

@@ -6,6 +6,7 @@ import ast
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exstill_sdk.plan import (
@@ -18,6 +19,7 @@ from exstill_sdk.plan import (
     tree_shape,
 )
 from exstill_sdk.plan.profiles import Curve, PassTable
+from exstill_sdk.plan.shapes import DraftShape
 from exstill_sdk.plan.simulate import outcomes_ahead
 
 CARD = CardProfile(
@@ -40,6 +42,8 @@ CARD = CardProfile(
     ahead_us_per_token=50.0,
     ahead_stream_us_per_token=0.0,
     target_slowdown=1.0,
+    tree_level_us=None,
+    prefetch_trees=True,
     host_us_per_round=0.0,
     host_us_per_sequence=0.0,
 )
@@ -151,7 +155,29 @@ def test_tree_rounds_verify_every_node_and_draft_by_depth() -> None:
     drafting = sum(CARD.draft_us(2 * w, 1) for w in tree.steps) / 1e3
     assert p.round_ms.card == pytest.approx(drafting)  # no prefetch: every round drafts anew
     assert p.mean_acceptance_length == pytest.approx(tree.mean_length, rel=0.02)
-    assert CARD.drafting_us(16, (1, 3)) == (2 + 4) * 50
+    three = DraftShape("tree", 3, (3,), np.array([1.0]), np.array([0]), 1)  # steps (1, 3)
+    assert CARD.drafting_us(16, three) == (2 + 4) * 50
+
+
+def test_a_card_that_grows_trees_a_pass_a_level_when_their_commit_comes() -> None:
+    """With ``tree_level_us`` and no tree drafted ahead (the card runtime's way): every tree
+    round drafts anew, each stream's levels after the first one after another, and the pass is
+    not slowed by drafting beside it; a chain on the same card is still drafted ahead."""
+    acceptance = replace(HALF, rank_share=(0.6, 0.4))
+    tree = tree_shape(acceptance, 12)
+    card = replace(
+        CARD, prefetch="outcomes", tree_level_us=400.0, prefetch_trees=False, miss_us=300.0,
+        target_slowdown=1.5,
+    )  # fmt: skip
+    p = simulate(MEMORY_BOUND, card, acceptance, 2, tree, rounds=400)
+    assert p.prefetch_hit_rate == 0.0 and p.outcomes_ahead == 0
+    assert p.round_ms.step + p.round_ms.verify_extra == pytest.approx(MEMORY_BOUND.verify_ms(2, 26))
+    by_hand = 300.0 + CARD.draft_us(2, 1) + 2 * 400.0 * (len(tree.levels) - 1)
+    assert p.round_ms.card == pytest.approx(by_hand / 1e3)
+    chain = simulate(MEMORY_BOUND, card, acceptance, 2, 4, rounds=400)
+    assert chain.prefetch_hit_rate > 0 and chain.round_ms.verify_extra > 0
+    ahead = simulate(MEMORY_BOUND, replace(card, prefetch_trees=True), acceptance, 2, tree)
+    assert ahead.prefetch_hit_rate > 0
 
 
 def test_waves_and_overflow() -> None:

@@ -19,6 +19,16 @@ host on the other:
    K = 2 (after a rejection the next draft starts elsewhere in the text), which would move a
    row by up to 8%; that prediction is reported too (``pilot_acceptance_tokens_per_s``).
 
+At one user, each target also has a tree row: a run drafting the tree ``TREE`` every round
+(the card drafts a tree when its COMMIT comes, never ahead), predicted with the pilot's chain
+acceptance and the share c of its refusals the draft's second choice catches, c the one with
+which the model's tree keeps what the run's trees kept (the run's own acceptance, as for the
+chains). The card profile prices a tree's levels as the card timed them (``tree_level_us``).
+
+The chain rows model the card's drafting ahead for the full-acceptance outcome only: a run's
+metrics record no ranks, so the other outcomes the runtime drafts ahead for are not in the
+model (their hits show in the measured prefetch hit rate).
+
 Every row prints predicted against measured; the check passes when the largest relative error
 of the speculative tokens/s is within ``TOLERANCE``.
 """
@@ -30,12 +40,14 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
+from exstill_sdk.plan.acceptance import geometric_shares, tree_share
 from exstill_sdk.plan.measure.profile import (
     PILOT_K,
     ahead_step,
@@ -43,8 +55,14 @@ from exstill_sdk.plan.measure.profile import (
     retime,
     write_profiles,
 )
+from exstill_sdk.plan.shapes import tree_shape
+from exstill_sdk.speculative.decoder import DEFAULT_TREES
 
 TOLERANCE = 0.10
+TREE = DEFAULT_TREES[0]
+"""The tree row's tree: the smaller of those ``trees="auto"`` weighs."""
+WARM_UP_TOKENS = 16
+TREE_NAME = f"tree of {TREE.nodes} (top-{TREE.top_k}, depth {TREE.depth})"
 
 
 def run(
@@ -67,6 +85,10 @@ def run(
             profiles[name] = measured
             folder = Path(tmp) / name
             write_profiles(folder, measured)
+            if 1 in users:
+                if progress:
+                    print(f"{name}: 1 user, {TREE_NAME} ...", file=sys.stderr, flush=True)
+                rows.append(_tree_row(name, card, target, prompts[:1], new_tokens, repeats, folder))
             for u in users:
                 if progress:
                     print(f"{name}: {u} users ...", file=sys.stderr, flush=True)
@@ -83,6 +105,69 @@ def run(
     }
 
 
+def _profiles(folder: Path, target: Any, batch: list[list[int]], new_tokens: int) -> Any:
+    """The target and card profiles, the passes of ``len(batch)`` users timed again now, just
+    before the runs they predict: a table timed minutes before moved rows at K = 0 by up to
+    21% on this shared machine."""
+    from exstill_sdk.plan import load_card, load_target
+
+    users = len(batch)
+    doc = json.loads((folder / "target.json").read_text())
+    half_way = user_prompts(users, len(batch[0]) + new_tokens // 2)
+    retime(doc["target"]["pass"], target, half_way, users, range(PILOT_K + 1))
+    (folder / "target.json").write_text(json.dumps(doc, indent=1))
+    return load_target(folder / "target.json"), load_card(folder / "card.json")
+
+
+def _alternated(
+    decoder: Any, target: Any, batch: list[list[int]], new_tokens: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Speculative and plain decoding's tokens/s while every user decodes, ``repeats`` runs
+    of each in turns."""
+    spec, plain = [], []
+    for rep in range(repeats):
+        for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
+            if way == "plain":
+                plain.append(plain_rate(target, batch, new_tokens)[0]["decode"])
+            else:
+                spec.append(speculative_rate(decoder, batch, new_tokens)[0]["decode"])
+    return spec, plain
+
+
+def _tree_row(
+    name: str,
+    card: Any,
+    target: Any,
+    batch: list[list[int]],
+    new_tokens: int,
+    repeats: int,
+    folder: Path,
+) -> dict[str, Any]:
+    """One user drafting ``TREE`` every round, predicted (module docstring)."""
+    from exstill_sdk.plan import load_acceptance, simulate
+    from exstill_sdk.speculative import SpeculativeDecoder
+
+    def tree_decoder() -> SpeculativeDecoder:
+        return SpeculativeDecoder(
+            card, target, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K, trees=TREE
+        )
+
+    # a short run first: the target's and the card's tree graphs open on their first trees
+    speculative_rate(tree_decoder(), batch, WARM_UP_TOKENS)
+    target_p, card_p = _profiles(folder, target, batch, new_tokens)
+    decoder = tree_decoder()
+    before = card.stats()
+    spec, plain = _alternated(decoder, target, batch, new_tokens, repeats)
+    kept = decoder.metrics.mean_acceptance_length
+    chains = load_acceptance(folder / "run-1-users.json")
+    c = tree_share(chains.reach, kept, TREE.nodes, ranks=TREE.top_k, depth=TREE.depth, clamp=True)
+    acceptance = replace(chains, rank_share=geometric_shares(c, TREE.top_k))
+    shape = tree_shape(acceptance, TREE.nodes, TREE.depth)
+    predicted = simulate(target_p, card_p, acceptance, 1, shape)
+    row = _figures(name, decoder, predicted, spec, plain, card, before, 1)
+    return {**row, "shape": TREE_NAME, "second_choice_share": round(c, 3)}
+
+
 def _row(
     name: str,
     card: Any,
@@ -93,41 +178,45 @@ def _row(
     folder: Path,
     users: int,
 ) -> dict[str, Any]:
-    from exstill_sdk.plan import load_acceptance, load_card, load_target, plan, simulate
+    from exstill_sdk.plan import load_acceptance, plan, simulate
     from exstill_sdk.speculative import SpeculativeDecoder
 
-    # the passes of this many users timed again now, just before the runs they predict: a
-    # table timed minutes before moved rows at K = 0 by up to 21% on this shared machine
-    doc = json.loads((folder / "target.json").read_text())
-    half_way = user_prompts(users, len(batch[0]) + new_tokens // 2)
-    retime(doc["target"]["pass"], target, half_way, users, range(PILOT_K + 1))
-    (folder / "target.json").write_text(json.dumps(doc, indent=1))
-    target_p = load_target(folder / "target.json")
-    card_p = load_card(folder / "card.json")
-    planned, _ = plan(target_p, card_p, load_acceptance(folder / f"run-{users}-users.json"), users)
+    target_p, card_p = _profiles(folder, target, batch, new_tokens)
+    pilot = load_acceptance(folder / f"run-{users}-users.json")
+    planned, _ = plan(target_p, card_p, pilot, users)
     k = planned.k
     decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
-    spec, plain = [], []
     before = card.stats()
-    for rep in range(repeats):
-        for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
-            if way == "plain":
-                plain.append(plain_rate(target, batch, new_tokens)[0]["decode"])
-            else:
-                spec.append(speculative_rate(decoder, batch, new_tokens)[0]["decode"])
-    ahead = ahead_step(card, before)
-    measured = statistics.median(spec)
-    m = decoder.metrics
-    passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
+    spec, plain = _alternated(decoder, target, batch, new_tokens, repeats)
     predicted = planned  # at K = 0 acceptance plays no part
     if k:
         own = folder / f"check-{users}-users.json"  # the run's acceptance, as its JSON has it
         own.write_text(json.dumps({"metrics": decoder.metrics.to_dict()}))
         predicted = simulate(target_p, card_p, load_acceptance(own), users, k)
+    row = _figures(name, decoder, predicted, spec, plain, card, before, users)
+    row["pilot_acceptance_tokens_per_s"] = round(planned.tokens_per_s, 1)
+    return {**row, "shape": f"chain of {k}"}
+
+
+def _figures(
+    name: str,
+    decoder: Any,
+    predicted: Any,
+    spec: list[float],
+    plain: list[float],
+    card: Any,
+    before: Any,
+    users: int,
+) -> dict[str, Any]:
+    """A row: predicted against measured, and where a round's time went."""
+    ahead = ahead_step(card, before)
+    measured = statistics.median(spec)
+    m = decoder.metrics
+    passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
     return {
         "target": name,
         "users": users,
-        "k": k,
+        "k": predicted.k,
         "predicted_tokens_per_s": round(predicted.tokens_per_s, 1),
         "measured_tokens_per_s": round(measured, 1),
         "error": round(predicted.tokens_per_s / measured - 1, 3),
@@ -136,8 +225,7 @@ def _row(
         "predicted_speedup": round(predicted.speedup, 3),
         "measured_speedup": round(measured / statistics.median(plain), 3),
         "predicted_mean_acceptance_length": round(predicted.mean_acceptance_length, 3),
-        "measured_mean_acceptance_length": round(decoder.metrics.mean_acceptance_length, 3),
-        "pilot_acceptance_tokens_per_s": round(planned.tokens_per_s, 1),
+        "measured_mean_acceptance_length": round(m.mean_acceptance_length, 3),
         # where a round's time went: the card's part, and how often its draft made ahead hit
         "predicted_prefetch_hit_rate": round(predicted.prefetch_hit_rate, 3),
         "measured_prefetch_hit_rate": round(m.prefetch_hits / max(1, m.num_drafts), 3),

@@ -7,7 +7,9 @@ emulated card's drafting and link, and the host's loop (``exstill-bench profile`
 - card: the link's round trip (PING), a round that missed the draft made ahead (a fixed cost,
   then K + 1 steps of the draft) on one stream and on every stream at once (one batched run of
   the draft for all of them), for K = 1..8; from those the cost of a step, the fixed cost of
-  drafting anew, and what each further stream adds to a step and to a round;
+  drafting anew, and what each further stream adds to a step and to a round; and trees of one
+  stream at depths 2 to 8, for what each level of a tree costs (``tree_level_us``; the runtime
+  drafts a tree when its COMMIT comes, never ahead: ``prefetch_trees = false``);
 - host: the host's time a pass (a run's wall time less verification and waiting for the card),
   from speculative runs at each user count, as a line in the users (``[host]``);
 - the card's ``target_slowdown``: a pass in those runs, beside the card drafting ahead,
@@ -25,6 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from exstill_sdk.bench.decode.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.protocol.drafts import Verdict
+from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative.estimators import fit_line
 
 PAUSE_S = 0.02
@@ -44,6 +48,8 @@ PASS_TURNS = 5
 PILOT_K = 8
 """K of the runs that measure acceptance (every position drafted) and the host's time."""
 SHORT_TOKENS = 32
+TREE_PROBE = TreeRequest(8, 2, 8)
+"""The trees ``tree_level_us`` times, at every depth from 2 to this one."""
 MIN_STEP_US = 1.0
 """The least a drafted token is taken to cost the card, in microseconds (``card_profile``)."""
 
@@ -281,6 +287,7 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
                 s.close()
     (fixed, per_token), (fixed_all, per_token_all) = lines
     per_stream_fixed = max(0.0, (fixed_all - fixed) / (streams - 1))
+    level_us = tree_level_us(card, prompt)
     return {
         "card": {
             "name": "emulated",
@@ -296,8 +303,32 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
             "overflow": "target-alone",
             "max_k": PILOT_K,
             "max_tree_nodes": 0,
+            "tree_level_us": round(level_us, 1),
+            "prefetch_trees": False,  # the runtime drafts a tree when its COMMIT comes
         }
     }
+
+
+def tree_level_us(card: Any, prompt: list[int]) -> float:
+    """``tree_level_us``: what a level of a tree costs the card to grow (a pass of its tree
+    graph over the level's best nodes), the slope of a line in the depth through DRAFT_TREE
+    replies for trees of ``TREE_PROBE.nodes`` nodes at top-``TREE_PROBE.top_k``, depths 2 to
+    ``TREE_PROBE.depth``, taken in turns, each depth's median."""
+    s = card.open_stream(target=DRAFT_TARGET)
+    try:
+        s.prefill(prompt)
+        s.draft(1)
+        depths = range(2, TREE_PROBE.depth + 1)
+        taken: dict[int, list[float]] = {d: [] for d in depths}
+        for _ in range(CARD_ROUNDS):
+            for d in depths:
+                start = time.perf_counter()
+                s.draft_tree(replace(TREE_PROBE, depth=d))
+                taken[d].append((time.perf_counter() - start) * 1e6)
+    finally:
+        s.close()
+    points = [(d, statistics.median(us), 1.0) for d, us in taken.items()]
+    return fit_line(points, min_slope=MIN_STEP_US)[1]
 
 
 def _miss_us(card: Any, streams: list[Any], k: int) -> float:

@@ -40,7 +40,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +85,15 @@ def run(
             profiles[name] = measured
             folder = Path(tmp) / name
             write_profiles(folder, measured)
+            bench = _Bench(name, card, target, new_tokens, repeats, folder)
             if 1 in users:
                 if progress:
                     print(f"{name}: 1 user, {TREE_NAME} ...", file=sys.stderr, flush=True)
-                rows.append(_tree_row(name, card, target, prompts[:1], new_tokens, repeats, folder))
+                rows.append(_tree_row(bench, prompts[:1]))
             for u in users:
                 if progress:
                     print(f"{name}: {u} users ...", file=sys.stderr, flush=True)
-                rows.append(_row(name, card, target, prompts[:u], new_tokens, repeats, folder, u))
+                rows.append(_row(bench, prompts[:u]))
     worst = max(abs(r["error"]) for r in rows)
     return {
         "rows": rows,
@@ -105,116 +106,110 @@ def run(
     }
 
 
-def _profiles(folder: Path, target: Any, batch: list[list[int]], new_tokens: int) -> Any:
+def _profiles(b: _Bench, batch: list[list[int]]) -> Any:
     """The target and card profiles, the passes of ``len(batch)`` users timed again now, just
     before the runs they predict: a table timed minutes before moved rows at K = 0 by up to
     21% on this shared machine."""
     from exstill_sdk.plan import load_card, load_target
 
     users = len(batch)
-    doc = json.loads((folder / "target.json").read_text())
-    half_way = user_prompts(users, len(batch[0]) + new_tokens // 2)
-    retime(doc["target"]["pass"], target, half_way, users, range(PILOT_K + 1))
-    (folder / "target.json").write_text(json.dumps(doc, indent=1))
-    return load_target(folder / "target.json"), load_card(folder / "card.json")
+    doc = json.loads((b.folder / "target.json").read_text())
+    half_way = user_prompts(users, len(batch[0]) + b.new_tokens // 2)
+    retime(doc["target"]["pass"], b.target, half_way, users, range(PILOT_K + 1))
+    (b.folder / "target.json").write_text(json.dumps(doc, indent=1))
+    return load_target(b.folder / "target.json"), load_card(b.folder / "card.json")
 
 
-def _alternated(
-    decoder: Any, target: Any, batch: list[list[int]], new_tokens: int, repeats: int
-) -> tuple[list[float], list[float]]:
+def _alternated(b: _Bench, decoder: Any, batch: list[list[int]]) -> tuple[list[float], list[float]]:
     """Speculative and plain decoding's tokens/s while every user decodes, ``repeats`` runs
     of each in turns."""
     spec, plain = [], []
-    for rep in range(repeats):
+    for rep in range(b.repeats):
         for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
             if way == "plain":
-                plain.append(plain_rate(target, batch, new_tokens)[0]["decode"])
+                plain.append(plain_rate(b.target, batch, b.new_tokens)[0]["decode"])
             else:
-                spec.append(speculative_rate(decoder, batch, new_tokens)[0]["decode"])
+                spec.append(speculative_rate(decoder, batch, b.new_tokens)[0]["decode"])
     return spec, plain
 
 
-def _tree_row(
-    name: str,
-    card: Any,
-    target: Any,
-    batch: list[list[int]],
-    new_tokens: int,
-    repeats: int,
-    folder: Path,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Bench:
+    """One demo target's runs: the card and target they use, and where its profiles are."""
+
+    name: str
+    card: Any
+    target: Any
+    new_tokens: int
+    repeats: int
+    folder: Path
+
+
+def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     """One user drafting ``TREE`` every round, predicted (module docstring)."""
     from exstill_sdk.plan import load_acceptance, simulate
     from exstill_sdk.speculative import SpeculativeDecoder
 
     def tree_decoder() -> SpeculativeDecoder:
         return SpeculativeDecoder(
-            card, target, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K, trees=TREE
+            b.card, b.target, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K, trees=TREE
         )
 
     # a short run first: the target's and the card's tree graphs open on their first trees
     speculative_rate(tree_decoder(), batch, WARM_UP_TOKENS)
-    target_p, card_p = _profiles(folder, target, batch, new_tokens)
+    target_p, card_p = _profiles(b, batch)
     decoder = tree_decoder()
-    before = card.stats()
-    spec, plain = _alternated(decoder, target, batch, new_tokens, repeats)
+    before = b.card.stats()
+    spec, plain = _alternated(b, decoder, batch)
     kept = decoder.metrics.mean_acceptance_length
-    chains = load_acceptance(folder / "run-1-users.json")
+    chains = load_acceptance(b.folder / "run-1-users.json")
     c = tree_share(chains.reach, kept, TREE.nodes, ranks=TREE.top_k, depth=TREE.depth, clamp=True)
     acceptance = replace(chains, rank_share=geometric_shares(c, TREE.top_k))
     shape = tree_shape(acceptance, TREE.nodes, TREE.depth)
     predicted = simulate(target_p, card_p, acceptance, 1, shape)
-    row = _figures(name, decoder, predicted, spec, plain, card, before, 1)
+    row = _figures(b, decoder, predicted, spec, plain, before, 1)
     return {**row, "shape": TREE_NAME, "second_choice_share": round(c, 3)}
 
 
-def _row(
-    name: str,
-    card: Any,
-    target: Any,
-    batch: list[list[int]],
-    new_tokens: int,
-    repeats: int,
-    folder: Path,
-    users: int,
-) -> dict[str, Any]:
+def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
+    """``len(batch)`` users drafting the chain the planner picks, predicted."""
     from exstill_sdk.plan import load_acceptance, plan, simulate
     from exstill_sdk.speculative import SpeculativeDecoder
 
-    target_p, card_p = _profiles(folder, target, batch, new_tokens)
-    pilot = load_acceptance(folder / f"run-{users}-users.json")
+    users = len(batch)
+    target_p, card_p = _profiles(b, batch)
+    pilot = load_acceptance(b.folder / f"run-{users}-users.json")
     planned, _ = plan(target_p, card_p, pilot, users)
     k = planned.k
-    decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
-    before = card.stats()
-    spec, plain = _alternated(decoder, target, batch, new_tokens, repeats)
+    decoder = SpeculativeDecoder(b.card, b.target, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
+    before = b.card.stats()
+    spec, plain = _alternated(b, decoder, batch)
     predicted = planned  # at K = 0 acceptance plays no part
     if k:
-        own = folder / f"check-{users}-users.json"  # the run's acceptance, as its JSON has it
+        own = b.folder / f"check-{users}-users.json"  # the run's acceptance, as its JSON has it
         own.write_text(json.dumps({"metrics": decoder.metrics.to_dict()}))
         predicted = simulate(target_p, card_p, load_acceptance(own), users, k)
-    row = _figures(name, decoder, predicted, spec, plain, card, before, users)
+    row = _figures(b, decoder, predicted, spec, plain, before, users)
     row["pilot_acceptance_tokens_per_s"] = round(planned.tokens_per_s, 1)
     return {**row, "shape": f"chain of {k}"}
 
 
 def _figures(
-    name: str,
+    b: _Bench,
     decoder: Any,
     predicted: Any,
     spec: list[float],
     plain: list[float],
-    card: Any,
     before: Any,
     users: int,
 ) -> dict[str, Any]:
     """A row: predicted against measured, and where a round's time went."""
-    ahead = ahead_step(card, before)
+    ahead = ahead_step(b.card, before)
     measured = statistics.median(spec)
     m = decoder.metrics
     passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
     return {
-        "target": name,
+        "target": b.name,
         "users": users,
         "k": predicted.k,
         "predicted_tokens_per_s": round(predicted.tokens_per_s, 1),

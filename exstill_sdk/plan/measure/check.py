@@ -47,6 +47,16 @@ from typing import Any
 from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
+from exstill_sdk.plan import (
+    CardProfile,
+    Projection,
+    TargetProfile,
+    load_acceptance,
+    load_card,
+    load_target,
+    plan,
+    simulate,
+)
 from exstill_sdk.plan.acceptance import geometric_shares, tree_share
 from exstill_sdk.plan.measure.profile import (
     PILOT_K,
@@ -56,7 +66,7 @@ from exstill_sdk.plan.measure.profile import (
     write_profiles,
 )
 from exstill_sdk.plan.shapes import tree_shape
-from exstill_sdk.speculative.decoder import DEFAULT_TREES
+from exstill_sdk.speculative.decoder import DEFAULT_TREES, SpeculativeDecoder
 
 TOLERANCE = 0.10
 TREE = DEFAULT_TREES[0]
@@ -106,12 +116,10 @@ def run(
     }
 
 
-def _profiles(b: _Bench, batch: list[list[int]]) -> Any:
+def _profiles(b: _Bench, batch: list[list[int]]) -> tuple[TargetProfile, CardProfile]:
     """The target and card profiles, the passes of ``len(batch)`` users timed again now, just
     before the runs they predict: a table timed minutes before moved rows at K = 0 by up to
     21% on this shared machine."""
-    from exstill_sdk.plan import load_card, load_target
-
     users = len(batch)
     doc = json.loads((b.folder / "target.json").read_text())
     half_way = user_prompts(users, len(batch[0]) + b.new_tokens // 2)
@@ -120,7 +128,9 @@ def _profiles(b: _Bench, batch: list[list[int]]) -> Any:
     return load_target(b.folder / "target.json"), load_card(b.folder / "card.json")
 
 
-def _alternated(b: _Bench, decoder: Any, batch: list[list[int]]) -> tuple[list[float], list[float]]:
+def _alternated(
+    b: _Bench, decoder: SpeculativeDecoder, batch: list[list[int]]
+) -> tuple[list[float], list[float]]:
     """Speculative and plain decoding's tokens/s while every user decodes, ``repeats`` runs
     of each in turns."""
     spec, plain = [], []
@@ -147,8 +157,6 @@ class _Bench:
 
 def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     """One user drafting ``TREE`` every round, predicted (module docstring)."""
-    from exstill_sdk.plan import load_acceptance, simulate
-    from exstill_sdk.speculative import SpeculativeDecoder
 
     def tree_decoder() -> SpeculativeDecoder:
         return SpeculativeDecoder(
@@ -173,9 +181,6 @@ def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
 
 def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     """``len(batch)`` users drafting the chain the planner picks, predicted."""
-    from exstill_sdk.plan import load_acceptance, plan, simulate
-    from exstill_sdk.speculative import SpeculativeDecoder
-
     users = len(batch)
     target_p, card_p = _profiles(b, batch)
     pilot = load_acceptance(b.folder / f"run-{users}-users.json")
@@ -196,8 +201,8 @@ def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
 
 def _figures(
     b: _Bench,
-    decoder: Any,
-    predicted: Any,
+    decoder: SpeculativeDecoder,
+    predicted: Projection,
     spec: list[float],
     plain: list[float],
     before: Any,

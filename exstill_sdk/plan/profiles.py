@@ -497,8 +497,10 @@ CARD_FIELDS = (
     "draft_us_per_token",
     "stream_us_per_token",
     "parallel_streams",
+    "round_us",
     "commit_us",
     "miss_us",
+    "miss_stream_us",
     "link_rtt_us",
     "prefetch",
     "max_outcomes",
@@ -538,12 +540,17 @@ class CardProfile:
     side by side in silicon; on a CPU (the emulator) one batched step grows with its rows."""
     parallel_streams: int
     """Streams a card drafts at once (a wave); more cost another wave each."""
+    round_us: float
+    """The card's fixed time for a round, hit or miss, besides each stream's ``commit_us``
+    (taking the COMMITs in, giving up its drafting ahead, answering)."""
     commit_us: float
     """The card's time for each stream's COMMIT and reply in a round, hit or miss, besides
     drafting."""
     miss_us: float
     """The card's fixed cost of drafting anew after a miss (taking in the accepted tokens,
     starting the engine), besides the drafted tokens."""
+    miss_stream_us: float
+    """What each further stream that missed adds to ``miss_us``."""
     link_rtt_us: float
     prefetch: str
     """``outcomes``: the next draft is made ahead for the likeliest ways the round can end, as
@@ -637,8 +644,10 @@ def load_card(path: str | Path) -> CardProfile:
         draft_us_per_token=c.number("draft_us_per_token", positive=True),
         stream_us_per_token=c.number("stream_us_per_token", 0.0),
         parallel_streams=c.integer("parallel_streams", streams),
+        round_us=c.number("round_us", 0.0),
         commit_us=c.number("commit_us", 0.0),
         miss_us=c.number("miss_us", 0.0),
+        miss_stream_us=c.number("miss_stream_us", 0.0),
         link_rtt_us=c.number("link_rtt_us", 0.0),
         prefetch=c.text("prefetch", "outcomes", PREFETCH),
         overflow=c.text("overflow", "waves", OVERFLOW),

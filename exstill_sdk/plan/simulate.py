@@ -7,9 +7,10 @@ after them) is drawn from the shape's outcomes (shapes.py). Then, for each round
 
     host      the host's acceptance and COMMITs (per round + per sequence drafting)
     link      half a round trip to the card, half back
-    card      the card takes every stream's COMMIT and answers it from a draft made ahead
-              (a prefetch hit: the round ended in an outcome it drafted ahead for) or drafts
-              anew (a miss: a fixed cost, then the shape's steps, the first taking in the
+    card      the card takes the round (a fixed cost) and every stream's COMMIT, and answers
+              it from a draft made ahead (a prefetch hit: the round ended in an outcome it
+              drafted ahead for) or drafts anew (a miss: a fixed cost, more for each further
+              stream that missed, then the shape's steps, the first taking in the
               bonus, one a depth of the draft, the last giving what follows it); the card
               drafts ``parallel_streams`` rows at once, so that more streams, a tree's wider
               levels and more outcomes take more waves; if the drafting ahead it started
@@ -126,13 +127,15 @@ def simulate(
     accepted = shape.accepted[ends]
     hits = ends < ahead_for
     ahead = card.drafting_us(drafting * ahead_for, shape, ahead=True) / 1e3
-    commit = card.commit_us * drafting
+    commit = card.round_us + card.commit_us * drafting
     clock = card_free = waited = 0.0
     for r in range(rounds):
         arrive = clock + verify + host + rtt / 2
         misses = drafting - int(hits[r].sum())
         start = max(arrive, card_free)
-        miss = (card.miss_us + card.drafting_us(misses, shape)) * (misses > 0)
+        miss = (
+            card.miss_us + card.miss_stream_us * (misses - 1) + card.drafting_us(misses, shape)
+        ) * (misses > 0)
         done = start + (commit + miss) / 1e3
         waited += done - arrive
         card_free = done + ahead

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from exstill_sdk.plan.measure.profile import ahead_line, host_line
+from exstill_sdk.plan.measure.profile import ahead_line, host_line, round_costs
+from exstill_sdk.speculative.estimators import Line
 
 
 def test_drafting_ahead_is_a_line_in_the_streams_the_card_timed() -> None:
@@ -30,3 +31,55 @@ def test_table_ms_interpolates_one_batchs_passes_and_retime_replaces_them() -> N
     assert table_ms(doc, 1, 7) == 4.0  # between 5 tokens (3 ms) and 9 (5 ms)
     assert table_ms(doc, 4, 36) == 9.0
     assert table_ms(doc, 1, 1) == 2.0
+
+
+def test_round_costs_from_hits_and_misses_on_one_stream_and_on_all() -> None:
+    """Hits of 150 us on one stream and 370 on 12: 20 a COMMIT, 130 the round; misses a line
+    of 500 + 100 a step on one stream, 1270 + 320 a step on 12: 350 more than a hit to draft
+    anew, 50 more for each further stream, 20 a step for each further stream."""
+    costs = round_costs([150.0, 370.0], [Line(500.0, 100.0), Line(1270.0, 320.0)], 12)
+    assert costs == {
+        "draft_us_per_token": 100.0,
+        "stream_us_per_token": 20.0,
+        "round_us": 130.0,
+        "commit_us": 20.0,
+        "miss_us": 350.0,
+        "miss_stream_us": 50.0,
+    }
+    # noise that would make a cost negative holds it at 0
+    assert round_costs([150.0, 100.0], [Line(100.0, 100.0), Line(50.0, 90.0)], 12) == {
+        "draft_us_per_token": 100.0,
+        "stream_us_per_token": 0.0,
+        "round_us": 150.0,
+        "commit_us": 0.0,
+        "miss_us": 0.0,
+        "miss_stream_us": 0.0,
+    }
+
+
+def test_the_card_s_rounds_are_timed_only_when_the_card_counted_them_as_meant() -> None:
+    """The profile's hit rounds commit the card's own guess, which it drafted ahead for (the
+    TCP emulator drafts ahead before it reads the next request: no timing in it); its miss
+    rounds a random bonus; a round the card's counters call otherwise is left out. Each round
+    leaves the stream's context as it found it."""
+    import numpy as np
+
+    from exstill_sdk.demo import DRAFT_TARGET
+    from exstill_sdk.harness.demo_setup import demo_card
+    from exstill_sdk.plan.measure.profile import _hit_verdicts, _miss_verdicts, _round_us
+
+    with demo_card(1) as (card, prompts), card.open_stream(target=DRAFT_TARGET) as s:
+        vocab = {t.name: t.vocab_size for t in card.info().targets}[DRAFT_TARGET]
+        rng = np.random.default_rng(0)
+        length = s.prefill(prompts[0])
+        for k in (1, 4):
+            before = card.stats()
+            assert len(_round_us(card, [s], k, _hit_verdicts([s], k), hit=True)) == 1
+            missed = _round_us(card, [s], k, _miss_verdicts([s], k, vocab, rng), hit=False)
+            after = card.stats()
+            assert len(missed) == 1 and s.length == length
+            assert after["prefetch_hits"] - before["prefetch_hits"] == 1
+            assert after["prefetch_misses"] - before["prefetch_misses"] == 1
+        # the card's guess committed where a miss was meant: not a miss, not timed
+        assert _round_us(card, [s], 4, _hit_verdicts([s], 4), hit=False) == []
+        assert _round_us(card, [s], 4, None, hit=True) == []  # a draft that came out short

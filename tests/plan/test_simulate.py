@@ -30,8 +30,10 @@ CARD = CardProfile(
     draft_us_per_token=50.0,
     stream_us_per_token=0.0,
     parallel_streams=12,
+    round_us=0.0,
     commit_us=0.0,
     miss_us=0.0,
+    miss_stream_us=0.0,
     link_rtt_us=0.0,
     prefetch="none",
     overflow="waves",
@@ -69,15 +71,22 @@ def test_every_draft_accepted_with_a_free_card() -> None:
 
 
 def test_rate_is_acceptance_over_round_time() -> None:
-    """Without prefetch every round waits for each stream's COMMIT to be taken, the fixed
-    cost of drafting anew and K + 1 steps of drafting (the bonus taken in, one a drafted token,
-    the last the guess of the next bonus), plus the link and the host."""
-    card = replace(CARD, link_rtt_us=200.0, host_us_per_round=100.0, miss_us=50.0, commit_us=30.0)
+    """Without prefetch every round waits for the card to take the round and each stream's
+    COMMIT, the fixed cost of drafting anew (more for the second stream that missed) and K + 1
+    steps of drafting (the bonus taken in, one a drafted token, the last the guess of the next
+    bonus), plus the link and the host."""
+    card = replace(
+        CARD, link_rtt_us=200.0, host_us_per_round=100.0, round_us=40.0, commit_us=30.0,
+        miss_us=50.0, miss_stream_us=20.0,
+    )  # fmt: skip
     p = simulate(MEMORY_BOUND, card, HALF, 2, 3, rounds=20000)
-    round_ms = 10.0 + 0.1 + 0.2 + 2 * 0.03 + 0.05 + 4 * 0.05
-    expected = 2 * HALF.mean_length(3) / round_ms * 1e3
+    card_ms = 0.04 + 2 * 0.03 + 0.05 + 0.02 + 4 * 0.05
+    expected = 2 * HALF.mean_length(3) / (10.0 + 0.1 + 0.2 + card_ms) * 1e3
     assert p.tokens_per_s == pytest.approx(expected, rel=0.02)
-    assert p.round_ms.card == pytest.approx(2 * 0.03 + 0.05 + 0.2)
+    assert p.round_ms.card == pytest.approx(card_ms)
+    # a round whose drafts were made ahead: the round and the COMMITs alone
+    hit = simulate(MEMORY_BOUND, replace(card, prefetch="full-acceptance"), ALWAYS, 2, 3)
+    assert hit.prefetch_hit_rate == 1.0 and hit.round_ms.card == pytest.approx(0.04 + 2 * 0.03)
 
 
 def test_prefetch_hides_drafting_when_it_hits() -> None:

@@ -4,12 +4,15 @@ emulated card's drafting and link, and the host's loop (``exstill-bench profile`
 - target: a pass of U sequences with K drafted tokens each, for every U and K asked, the median
   of a few runs taken in turns, keyed by the tokens in it (``[target.pass]``), at the context
   a run has half-way;
-- card: the link's round trip (PING), a round that missed the draft made ahead (a fixed cost,
-  then K + 1 steps of the draft) on one stream and on every stream at once (one batched run of
-  the draft for all of them), for K = 1..8; from those the cost of a step, the fixed cost of
-  drafting anew, and what each further stream adds to a step and to a round; and trees of one
-  stream at depths 2 to 8, for what each level of a tree costs (``tree_level_us``; the runtime
-  drafts a tree when its COMMIT comes, never ahead: ``prefetch_trees = false``);
+- card: the link's round trip (PING); rounds where the draft made ahead hit (the card's own
+  guess of the outcome committed) and rounds where it missed (nothing kept, a bonus drawn at
+  random, which the card's other outcomes do not hold; a fixed cost, then K + 1 steps of the
+  draft), each on one stream and on every stream at once (one batched run of the draft for all
+  of them), for K = 1..8, each checked against the card's counters; from those what a round
+  costs when it hits, the cost of a step, the fixed cost of drafting anew, and what each
+  further stream adds to each; and trees of one stream at depths 2 to 8, for what each level
+  of a tree costs (``tree_level_us``; the runtime drafts a tree when its COMMIT comes, never
+  ahead: ``prefetch_trees = false``);
 - host: the host's time a pass (a run's wall time less verification and waiting for the card),
   from speculative runs at each user count, as a line in the users (``[host]``);
 - the card's ``target_slowdown``: a pass in those runs, beside the card drafting ahead,
@@ -35,10 +38,11 @@ import numpy as np
 
 from exstill_sdk.bench.decode.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
+from exstill_sdk.errors import ExstillError
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.protocol.messages import TreeRequest
-from exstill_sdk.speculative.estimators import fit_line
+from exstill_sdk.speculative.estimators import Line, fit_line
 
 PAUSE_S = 0.02
 """Between measured card rounds: the card finishes drafting ahead meanwhile."""
@@ -256,56 +260,82 @@ def retime(
 
 
 def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, Any]:
-    """``[card]``: link, drafting and the card's fixed costs, measured through ``card``: rounds
-    where every stream missed, on one stream and on ``streams`` at once, for K = 1..8. Each is
-    a line in the draft's steps (K + 1); one stream's line gives a step's cost and the fixed
-    cost of a round, the difference of the two lines what each further stream adds, to a
-    step and to the round (taking its COMMIT, answering it); each K's median round."""
+    """``[card]``: link, drafting and the card's fixed costs, measured through ``card`` on one
+    stream and on ``streams`` at once, for K = 1..8: rounds where every stream's draft made
+    ahead hit (``round_us``, ``commit_us``: the difference of the two stream counts) and
+    rounds where every stream missed, each count's a line in the draft's steps (K + 1): one
+    stream's gives a step's cost and ``miss_us``, the difference of the two lines what each
+    further stream adds (``stream_us_per_token``, ``miss_stream_us``)."""
     rtt = statistics.median(card.ping() for _ in range(50)) * 1e6
-    lines = []
+    vocab = {t.name: t.vocab_size for t in card.info().targets}[DRAFT_TARGET]
+    rng = np.random.default_rng(0)
+    hits, misses = [], []
     for count in (1, streams):
         opened = [card.open_stream(target=DRAFT_TARGET) for _ in range(count)]
         try:
             for s in opened:
                 s.prefill(prompt)
-                s.draft(1)
-            rounds: dict[int, list[float]] = {k: [] for k in range(1, 9)}
-            for k in rounds:  # a K's rounds in a row: what the card drafts ahead after a
-                for _ in range(CARD_ROUNDS):  # round is sized by that round's K
-                    rounds[k].append(_miss_us(card, opened, k))
+            hit: list[float] = []
+            missed: dict[int, list[float]] = {k: [] for k in range(1, PILOT_K + 1)}
+            # a K's hits in a row, then its misses: what the card drafts ahead after a round
+            # is sized by that round's K, and how long, by how long the host took before
+            for k in missed:
+                for _ in range(CARD_ROUNDS):
+                    hit += _round_us(card, opened, k, _hit_verdicts(opened, k), hit=True)
+                for _ in range(CARD_ROUNDS):
+                    wrong = _miss_verdicts(opened, k, vocab, rng)
+                    missed[k] += _round_us(card, opened, k, wrong, hit=False)
             # steps: the bonus taken in, then one per drafted token; the median round of each
-            # K, so that a round slowed by the machine's other work (or the first of a K,
-            # after the card drafted ahead at the K before) does not tilt the line
-            points = [(k + 1, statistics.median(us) - rtt, 1.0) for k, us in rounds.items()]
+            # K, so that a round slowed by the machine's other work does not tilt the line
+            points = [(k + 1, statistics.median(us) - rtt, 1.0) for k, us in missed.items() if us]
+            if not hit or len(points) < 2:
+                raise ExstillError(
+                    f"the card's drafting ahead did not hit and miss as its rounds were meant to "
+                    f"({len(hit)} hits, misses at {len(points)} K): run exstill-bench profile "
+                    "again on an emulator drafting ahead (no --no-prefetch)"
+                )
+            hits.append(statistics.median(hit) - rtt)
             # a drafted token costs something: where a round's noise hides a small draft's step
-            # (the demo draft's, on a loaded machine), the one stream's line is held at a
-            # slope of MIN_STEP_US, so that the profile stays one the planner reads
-            floor = MIN_STEP_US if count == 1 else None
-            lines.append(fit_line(points, min_slope=floor))
+            # (on a loaded machine), the one stream's line is held at a slope of MIN_STEP_US,
+            # so that the profile stays one the planner reads
+            misses.append(fit_line(points, min_slope=MIN_STEP_US if count == 1 else None))
         finally:
             for s in opened:
                 s.close()
-    (fixed, per_token), (fixed_all, per_token_all) = lines
-    per_stream_fixed = max(0.0, (fixed_all - fixed) / (streams - 1))
-    level_us = tree_level_us(card, prompt)
     return {
         "card": {
             "name": "emulated",
             "source": "exstill-bench profile: exstill-emu in its own process on its own core, "
             "over TCP",
             "streams": streams,
-            "draft_us_per_token": round(per_token, 2),
-            "stream_us_per_token": round(max(0.0, (per_token_all - per_token) / (streams - 1)), 2),
-            "commit_us": round(per_stream_fixed, 1),
-            "miss_us": round(max(0.0, fixed - per_stream_fixed), 1),
+            **round_costs(hits, misses, streams),
             "link_rtt_us": round(rtt, 1),
             "prefetch": "outcomes",
             "overflow": "target-alone",
             "max_k": PILOT_K,
             "max_tree_nodes": 0,
-            "tree_level_us": round(level_us, 1),
+            "tree_level_us": round(tree_level_us(card, prompt), 1),
             "prefetch_trees": False,  # the runtime drafts a tree when its COMMIT comes
         }
+    }
+
+
+def round_costs(hits: Sequence[float], misses: Sequence[Line], streams: int) -> dict[str, float]:
+    """The card's costs of a round from its rounds timed on one stream and on ``streams``:
+    ``hits``, a round (less the link) where every stream's draft made ahead hit; ``misses``,
+    the line in the draft's steps of a round where every stream missed."""
+    (hit_one, hit_all), (miss_one, miss_all) = hits, misses
+    further = streams - 1
+    commit = max(0.0, (hit_all - hit_one) / further)
+    return {
+        "draft_us_per_token": round(miss_one.slope, 2),
+        "stream_us_per_token": round(max(0.0, (miss_all.slope - miss_one.slope) / further), 2),
+        "round_us": round(max(0.0, hit_one - commit), 1),
+        "commit_us": round(commit, 1),
+        "miss_us": round(max(0.0, miss_one.intercept - hit_one), 1),
+        "miss_stream_us": round(
+            max(0.0, (miss_all.intercept - miss_one.intercept) / further - commit), 1
+        ),
     }
 
 
@@ -331,25 +361,53 @@ def tree_level_us(card: Any, prompt: list[int]) -> float:
     return fit_line(points, min_slope=MIN_STEP_US)[1]
 
 
-def _miss_us(card: Any, streams: list[Any], k: int) -> float:
-    """Microseconds of a round in which every stream's draft ahead missed: nothing accepted,
-    a bonus other than the guess. Pauses first, as a pass would."""
+def _hit_verdicts(streams: list[Any], k: int) -> list[Verdict] | None:
+    """Each stream drafts K afresh, the card drafting ahead for the outcome it guesses: all K
+    kept and its guess of the bonus, which a draft of K + 1 names first (the draft is greedy);
+    verdicts that end there. None where a stream's draft came out short."""
+    verdicts = []
+    for s in streams:
+        guess = s.draft(k + 1).tokens
+        if len(guess) <= k or len(s.draft(k).tokens) < k:
+            return None
+        verdicts.append(Verdict(k, guess[k]))
+    return verdicts
+
+
+def _miss_verdicts(
+    streams: list[Any], k: int, vocab: int, rng: np.random.Generator
+) -> list[Verdict]:
+    """Each stream drafts K afresh; verdicts that keep nothing of it, with a bonus drawn at
+    random: one the card's other outcomes (its likeliest few) almost never hold."""
+    for s in streams:
+        s.draft(k)
+    return [Verdict(0, int(rng.integers(vocab))) for _ in streams]
+
+
+def _round_us(
+    card: Any, streams: list[Any], k: int, verdicts: list[Verdict] | None, hit: bool
+) -> list[float]:
+    """The microseconds of a round with ``verdicts`` (the streams' COMMITs sent together), or
+    none where the card's counters say it was not the round meant: a draft made ahead that
+    ``hit`` for every stream, or for none. Pauses first, as a pass would, so that the card
+    finishes drafting ahead; then pings it, so that it gives up the drafting for other outcomes
+    it sized to that pause (whose pass in progress a COMMIT would wait for) and the round
+    times what the card takes for its COMMITs."""
+    if verdicts is None:
+        return []
+    before = card.stats()["prefetch_hits"]
     time.sleep(PAUSE_S)
+    card.ping()
     start = time.perf_counter()
     with card.sent_together():
-        sent = []
-        for s in streams:
-            verdict = Verdict(0, _other(s.last_draft.tokens))
-            sent.append((s, verdict, s.send_commit(verdict, k)))
+        sent = [(s, v, s.send_commit(v, k)) for s, v in zip(streams, verdicts, strict=True)]
     for s, verdict, rid in sent:
         s.receive_commit(rid, verdict)
-    return (time.perf_counter() - start) * 1e6
-
-
-def _other(draft: Sequence[int]) -> int:
-    """A bonus that is not the draft's first token, so that nothing of the draft made ahead
-    is of use."""
-    return draft[0] - 1 if draft and draft[0] > 0 else 1
+    us = (time.perf_counter() - start) * 1e6
+    hits = card.stats()["prefetch_hits"] - before
+    for s, verdict in zip(streams, verdicts, strict=True):  # the context as it was, so that
+        s.rollback(s.length - verdict.accepted - 1)  # every round drafts at the same one
+    return [us] if hits == (len(streams) if hit else 0) else []
 
 
 def host_line(points: list[tuple[int, float]]) -> dict[str, float]:

@@ -512,6 +512,7 @@ CARD_FIELDS = (
     "ahead_stream_us_per_token",
     "target_slowdown",
     "tree_level_us",
+    "tree_us",
     "prefetch_trees",
 )
 PREFETCH = ("outcomes", "full-acceptance", "none")
@@ -583,6 +584,9 @@ class CardProfile:
     of its tree graph over the level's best nodes): each level after the first costs this, the
     first a chain's first step. None (the default): a tree's levels cost what a chain's steps
     of as many rows do."""
+    tree_us: float
+    """With ``tree_level_us``: what each stream's tree costs the card beyond a chain's first
+    step (taking in the kept path, the tree graph's first level)."""
     prefetch_trees: bool
     """Whether the card drafts a tree ahead, as it does a chain. The card runtime drafts a
     tree when its COMMIT comes, never ahead; the default, true, is the card the seed's figures
@@ -602,11 +606,12 @@ class CardProfile:
     def drafting_us(self, streams: int, shape: DraftShape, ahead: bool = False) -> float:
         """Drafting ``shape`` for ``streams`` streams at once (``ahead``: while the target
         verifies): each of its steps (``DraftShape.steps``) priced as a chain's step of as
-        many rows, or, for a tree with ``tree_level_us``, its first step and then each stream's
-        levels after the first, one after another."""
+        many rows, or, for a tree with ``tree_level_us``, its first step, then each stream's
+        ``tree_us`` and its levels after the first, one after another."""
         if shape.kind == "tree" and self.tree_level_us is not None:
             levels = max(0, len(shape.levels) - 1)
-            return self.draft_us(streams, 1, ahead) + streams * levels * self.tree_level_us
+            each = self.tree_us + levels * self.tree_level_us
+            return self.draft_us(streams, 1, ahead) + streams * each
         return sum(self.draft_us(streams * rows, 1, ahead) for rows in shape.steps)
 
     def drafts_ahead(self, shape: DraftShape) -> bool:
@@ -663,6 +668,7 @@ def load_card(path: str | Path) -> CardProfile:
         ),
         target_slowdown=c.number("target_slowdown", 1.0, positive=True),
         tree_level_us=c.number("tree_level_us", positive=True) if c.has("tree_level_us") else None,
+        tree_us=c.number("tree_us", 0.0),
         prefetch_trees=c.flag("prefetch_trees", True),
         host_us_per_round=host.number("us_per_round", 0.0),
         host_us_per_sequence=host.number("us_per_sequence", 0.0),

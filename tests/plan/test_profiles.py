@@ -111,7 +111,8 @@ def test_planner_defaults_match_the_card_runtime() -> None:
     assert (card.max_k, card.max_tree_nodes) == (16, MAX_TREE_NODES)
     # trees: priced as chain steps and drafted ahead, the card the seed's figures assume (the
     # runtime drafts a tree when its COMMIT comes: a measured profile says so)
-    assert (card.tree_level_us, card.prefetch_trees) == (None, True)
+    assert (card.tree_level_us, card.tree_us, card.prefetch_trees) == (None, 0.0, True)
+    assert (card.round_us, card.miss_stream_us) == (0.0, 0.0)
 
 
 def test_measured_pass_table(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ CARD = CardProfile(
     ahead_stream_us_per_token=0.0,
     target_slowdown=1.0,
     tree_level_us=None,
+    tree_us=0.0,
     prefetch_trees=True,
     host_us_per_round=0.0,
     host_us_per_sequence=0.0,
@@ -170,18 +171,19 @@ def test_tree_rounds_verify_every_node_and_draft_by_depth() -> None:
 
 def test_a_card_that_grows_trees_a_pass_a_level_when_their_commit_comes() -> None:
     """With ``tree_level_us`` and no tree drafted ahead (the card runtime's way): every tree
-    round drafts anew, each stream's levels after the first one after another, and the pass is
-    not slowed by drafting beside it; a chain on the same card is still drafted ahead."""
+    round drafts anew, each stream's ``tree_us`` and levels after the first one after another,
+    and the pass is not slowed by drafting beside it; a chain on the same card is still drafted
+    ahead."""
     acceptance = replace(HALF, rank_share=(0.6, 0.4))
     tree = tree_shape(acceptance, 12)
     card = replace(
-        CARD, prefetch="outcomes", tree_level_us=400.0, prefetch_trees=False, miss_us=300.0,
-        target_slowdown=1.5,
+        CARD, prefetch="outcomes", tree_level_us=400.0, tree_us=700.0, prefetch_trees=False,
+        miss_us=300.0, target_slowdown=1.5,
     )  # fmt: skip
     p = simulate(MEMORY_BOUND, card, acceptance, 2, tree, rounds=400)
     assert p.prefetch_hit_rate == 0.0 and p.outcomes_ahead == 0
     assert p.round_ms.step + p.round_ms.verify_extra == pytest.approx(MEMORY_BOUND.verify_ms(2, 26))
-    by_hand = 300.0 + CARD.draft_us(2, 1) + 2 * 400.0 * (len(tree.levels) - 1)
+    by_hand = 300.0 + CARD.draft_us(2, 1) + 2 * (700.0 + 400.0 * (len(tree.levels) - 1))
     assert p.round_ms.card == pytest.approx(by_hand / 1e3)
     chain = simulate(MEMORY_BOUND, card, acceptance, 2, 4, rounds=400)
     assert chain.prefetch_hit_rate > 0 and chain.round_ms.verify_extra > 0

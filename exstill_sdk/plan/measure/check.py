@@ -23,7 +23,8 @@ At one user, each target also has a tree row: a run drafting the tree ``TREE`` e
 (the card drafts a tree when its COMMIT comes, never ahead), predicted with the pilot's chain
 acceptance and the share c of its refusals the draft's second choice catches, c the one with
 which the model's tree keeps what the run's trees kept (the run's own acceptance, as for the
-chains). The card profile prices a tree's levels as the card timed them (``tree_level_us``).
+chains). The card profile prices a tree round as the card timed its tree rounds (each level,
+``tree_level_us``, and what a tree costs beyond a chain's first step, ``tree_us``).
 
 The chain rows model the card's drafting ahead for the full-acceptance outcome only: a run's
 metrics record no ranks, so the other outcomes the runtime drafts ahead for are not in the

@@ -10,9 +10,10 @@ emulated card's drafting and link, and the host's loop (``exstill-bench profile`
   draft), each on one stream and on every stream at once (one batched run of the draft for all
   of them), for K = 1..8, each checked against the card's counters; from those what a round
   costs when it hits, the cost of a step, the fixed cost of drafting anew, and what each
-  further stream adds to each; and trees of one stream at depths 2 to 8, for what each level
-  of a tree costs (``tree_level_us``; the runtime drafts a tree when its COMMIT comes, never
-  ahead: ``prefetch_trees = false``);
+  further stream adds to each; and tree rounds of one stream at depths 2 to 8, for what each
+  level of a tree costs (``tree_level_us``) and what a tree costs beyond a chain's first step
+  (``tree_us``; the runtime drafts a tree when its COMMIT comes, never ahead:
+  ``prefetch_trees = false``);
 - host: the host's time a pass (a run's wall time less verification and waiting for the card),
   from speculative runs at each user count, as a line in the users (``[host]``);
 - the card's ``target_slowdown``: a pass in those runs, beside the card drafting ahead,
@@ -53,7 +54,7 @@ PILOT_K = 8
 """K of the runs that measure acceptance (every position drafted) and the host's time."""
 SHORT_TOKENS = 32
 TREE_PROBE = TreeRequest(8, 2, 8)
-"""The trees ``tree_level_us`` times, at every depth from 2 to this one."""
+"""The trees ``tree_line`` times, at every depth from 2 to this one."""
 MIN_STEP_US = 1.0
 """The least a drafted token is taken to cost the card, in microseconds (``card_profile``)."""
 
@@ -302,19 +303,25 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
         finally:
             for s in opened:
                 s.close()
+    costs = round_costs(hits, misses, streams)
+    tree = tree_line(card, prompt, vocab, rng)
+    # a tree of one level against a chain's miss of one step: what the tree costs beyond it
+    chain_step = sum(costs[key] for key in ("round_us", "commit_us", "miss_us"))
+    chain_step += costs["draft_us_per_token"]
     return {
         "card": {
             "name": "emulated",
             "source": "exstill-bench profile: exstill-emu in its own process on its own core, "
             "over TCP",
             "streams": streams,
-            **round_costs(hits, misses, streams),
+            **costs,
             "link_rtt_us": round(rtt, 1),
             "prefetch": "outcomes",
             "overflow": "target-alone",
             "max_k": PILOT_K,
             "max_tree_nodes": 0,
-            "tree_level_us": round(tree_level_us(card, prompt), 1),
+            "tree_level_us": round(tree.slope, 1),
+            "tree_us": round(max(0.0, tree.intercept - chain_step), 1),
             "prefetch_trees": False,  # the runtime drafts a tree when its COMMIT comes
         }
     }
@@ -339,26 +346,30 @@ def round_costs(hits: Sequence[float], misses: Sequence[Line], streams: int) -> 
     }
 
 
-def tree_level_us(card: Any, prompt: list[int]) -> float:
-    """``tree_level_us``: what a level of a tree costs the card to grow (a pass of its tree
-    graph over the level's best nodes), the slope of a line in the depth through DRAFT_TREE
-    replies for trees of ``TREE_PROBE.nodes`` nodes at top-``TREE_PROBE.top_k``, depths 2 to
-    ``TREE_PROBE.depth``, taken in turns, each depth's median."""
-    s = card.open_stream(target=DRAFT_TARGET)
-    try:
-        s.prefill(prompt)
-        s.draft(1)
-        depths = range(2, TREE_PROBE.depth + 1)
-        taken: dict[int, list[float]] = {d: [] for d in depths}
+def tree_line(card: Any, prompt: list[int], vocab: int, rng: np.random.Generator) -> Line:
+    """What a tree round costs the card on one stream, a line in the levels after the first:
+    COMMIT_TREE rounds (the first node kept, a random bonus) asking for trees of
+    ``TREE_PROBE.nodes`` nodes at top-``TREE_PROBE.top_k``, depths 2 to ``TREE_PROBE.depth``,
+    taken in turns, each depth's median, less the link; each after a PING (as the chain rounds)
+    and rolled back after. Its intercept is a tree of one level; its slope ``tree_level_us``."""
+    rtt = statistics.median(card.ping() for _ in range(10)) * 1e6
+    depths = range(2, TREE_PROBE.depth + 1)
+    taken: dict[int, list[float]] = {d: [] for d in depths}
+    with card.open_stream(target=DRAFT_TARGET) as s:
+        length = s.prefill(prompt)
         for _ in range(CARD_ROUNDS):
             for d in depths:
+                shape = replace(TREE_PROBE, depth=d)
+                s.draft_tree(shape)
+                verdict = Verdict(1, int(rng.integers(vocab)), (0,))
+                time.sleep(PAUSE_S)
+                card.ping()
                 start = time.perf_counter()
-                s.draft_tree(replace(TREE_PROBE, depth=d))
+                s.commit(verdict, shape)
                 taken[d].append((time.perf_counter() - start) * 1e6)
-    finally:
-        s.close()
-    points = [(d, statistics.median(us), 1.0) for d, us in taken.items()]
-    return fit_line(points, min_slope=MIN_STEP_US)[1]
+                s.rollback(length)
+    points = [(d - 1, statistics.median(us) - rtt, 1.0) for d, us in taken.items()]
+    return fit_line(points, min_slope=MIN_STEP_US)
 
 
 def _hit_verdicts(streams: list[Any], k: int) -> list[Verdict] | None:

@@ -304,7 +304,7 @@ def card_profile(card: Any, prompt: list[int], streams: int = 12) -> dict[str, A
             for s in opened:
                 s.close()
     costs = round_costs(hits, misses, streams)
-    tree = tree_line(card, prompt, vocab, rng)
+    tree = tree_line(card, prompt, rtt, vocab, rng)
     # a tree of one level against a chain's miss of one step: what the tree costs beyond it
     chain_step = sum(costs[key] for key in ("round_us", "commit_us", "miss_us"))
     chain_step += costs["draft_us_per_token"]
@@ -346,29 +346,26 @@ def round_costs(hits: Sequence[float], misses: Sequence[Line], streams: int) -> 
     }
 
 
-def tree_line(card: Any, prompt: list[int], vocab: int, rng: np.random.Generator) -> Line:
+def tree_line(
+    card: Any, prompt: list[int], rtt: float, vocab: int, rng: np.random.Generator
+) -> Line:
     """What a tree round costs the card on one stream, a line in the levels after the first:
     COMMIT_TREE rounds (the first node kept, a random bonus) asking for trees of
     ``TREE_PROBE.nodes`` nodes at top-``TREE_PROBE.top_k``, depths 2 to ``TREE_PROBE.depth``,
-    taken in turns, each depth's median, less the link; each after a PING (as the chain rounds)
-    and rolled back after. Its intercept is a tree of one level; its slope ``tree_level_us``."""
-    rtt = statistics.median(card.ping() for _ in range(10)) * 1e6
+    taken in turns, each depth's median, less the link's round trip ``rtt`` (timed as the
+    chain rounds, ``_round_us``). Its intercept is a tree of one level; its slope
+    ``tree_level_us``."""
     depths = range(2, TREE_PROBE.depth + 1)
     taken: dict[int, list[float]] = {d: [] for d in depths}
     with card.open_stream(target=DRAFT_TARGET) as s:
-        length = s.prefill(prompt)
+        s.prefill(prompt)
         for _ in range(CARD_ROUNDS):
             for d in depths:
                 shape = replace(TREE_PROBE, depth=d)
                 s.draft_tree(shape)
                 verdict = Verdict(1, int(rng.integers(vocab)), (0,))
-                time.sleep(PAUSE_S)
-                card.ping()
-                start = time.perf_counter()
-                s.commit(verdict, shape)
-                taken[d].append((time.perf_counter() - start) * 1e6)
-                s.rollback(length)
-    points = [(d - 1, statistics.median(us) - rtt, 1.0) for d, us in taken.items()]
+                taken[d] += _round_us(card, [s], shape, [verdict], hit=False)
+    points = [(d - 1, statistics.median(us) - rtt, 1.0) for d, us in taken.items() if us]
     return fit_line(points, min_slope=MIN_STEP_US)
 
 
@@ -396,14 +393,19 @@ def _miss_verdicts(
 
 
 def _round_us(
-    card: Any, streams: list[Any], k: int, verdicts: list[Verdict] | None, hit: bool
+    card: Any,
+    streams: list[Any],
+    ask: int | TreeRequest,
+    verdicts: list[Verdict] | None,
+    hit: bool,
 ) -> list[float]:
-    """The microseconds of a round with ``verdicts`` (the streams' COMMITs sent together), or
-    none where the card's counters say it was not the round meant: a draft made ahead that
-    ``hit`` for every stream, or for none. Pauses first, as a pass would, so that the card
-    finishes drafting ahead; then pings it, so that it gives up the drafting for other outcomes
-    it sized to that pause (whose pass in progress a COMMIT would wait for) and the round
-    times what the card takes for its COMMITs."""
+    """The microseconds of a round with ``verdicts`` (the streams' COMMITs sent together, each
+    asking for a draft of ``ask``: K, or a tree), or none where the card's counters say it was
+    not the round meant: a draft made ahead that ``hit`` for every stream, or for none. Pauses
+    first, as a pass would, so that the card finishes drafting ahead; then pings it, so that it
+    gives up the drafting for other outcomes it sized to that pause (whose pass in progress a
+    COMMIT would wait for) and the round times what the card takes for its COMMITs. Rolls
+    every stream back after, so that every round drafts at the same context."""
     if verdicts is None:
         return []
     before = card.stats()["prefetch_hits"]
@@ -411,13 +413,13 @@ def _round_us(
     card.ping()
     start = time.perf_counter()
     with card.sent_together():
-        sent = [(s, v, s.send_commit(v, k)) for s, v in zip(streams, verdicts, strict=True)]
+        sent = [(s, v, s.send_commit(v, ask)) for s, v in zip(streams, verdicts, strict=True)]
     for s, verdict, rid in sent:
         s.receive_commit(rid, verdict)
     us = (time.perf_counter() - start) * 1e6
     hits = card.stats()["prefetch_hits"] - before
-    for s, verdict in zip(streams, verdicts, strict=True):  # the context as it was, so that
-        s.rollback(s.length - verdict.accepted - 1)  # every round drafts at the same one
+    for s, verdict in zip(streams, verdicts, strict=True):
+        s.rollback(s.length - verdict.accepted - 1)
     return [us] if hits == (len(streams) if hit else 0) else []
 
 

@@ -69,6 +69,14 @@ class Rounds:
         """Mean tokens kept per verification pass (1.0 for the target alone)."""
         return self.tokens / self.passes if self.passes else 0.0
 
+    @property
+    def top_k(self) -> list[float]:
+        """For k in ``COVERAGE_KS``: the share of the draft tokens checked, over every depth
+        reached, whose target token was among the draft's k likeliest (what ``exstill plan``
+        reads as ``acceptance.top_k``)."""
+        checked = max(int(self.reached.sum()), 1)
+        return [float(c) / checked for c in self.covered.sum(axis=1)]
+
     def __add__(self, other: Rounds) -> Rounds:
         """Both runs' passes and counts together (several prompts decoded with one K)."""
         return Rounds(

@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from exstill_firmware.engines.base import Sampling
 from exstill_firmware.engines.lookup import LookupEngine
@@ -21,15 +19,12 @@ from exstill_sdk.protocol.messages import decode_tokens, encode_tokens
 LOOKUP = "prompt lookup"
 
 
-def target_ranks(logits: Any, continuation: list[int]) -> np.ndarray:
-    """For each continuation token, its rank under a model's ``logits`` for it (a torch tensor
-    [len(continuation), vocab], ``target.continuation_logits``): the count of tokens scored
-    strictly higher."""
-    import torch
-
-    wanted = torch.tensor(continuation, dtype=torch.long)
-    chosen = logits.gather(1, wanted[:, None])
-    return (logits > chosen).sum(dim=1).numpy().astype(np.int64)
+def target_ranks(logits: np.ndarray, continuation: list[int]) -> np.ndarray:
+    """For each continuation token, its rank under a model's ``logits`` for it ([len(continuation),
+    vocab]: ``target.continuation_logits``, or the card's draft run by onnxruntime): the count
+    of tokens scored strictly higher."""
+    chosen = logits[np.arange(len(continuation)), continuation]
+    return (logits > chosen[:, None]).sum(axis=1).astype(np.int64)
 
 
 def lookup_chains(prompt: list[int], continuation: list[int], max_k: int) -> list[list[int]]:

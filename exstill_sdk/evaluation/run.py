@@ -102,8 +102,7 @@ class _Tally:
                 str(w): [round(float(x), 4) for x in d.covered[i] / reached]
                 for i, w in enumerate(COVERAGE_KS)
             }
-            checked = max(int(d.reached.sum()), 1)
-            out["top_k"] = [round(float(c) / checked, 4) for c in d.covered.sum(axis=1)]
+            out["top_k"] = [round(c, 4) for c in d.top_k]
         if self.in_head is not None:
             out["head_coverage"] = round(self.in_head / max(self.continuation, 1), 4)
         if self.tree_passes:
@@ -197,8 +196,9 @@ def evaluate(
                         runs = runs_from_chains(lookup_chains(ids, continuation, max_k), y)
                     else:
                         logits = continuation_logits(models[name], ids, continuation)
-                        ranks = target_ranks(logits, continuation)
-                        fits[name].add(logits.numpy(), y)
+                        scores = logits.numpy()
+                        ranks = target_ranks(scores, continuation)
+                        fits[name].add(scores, y)
                         runs = runs_from_matches(ranks == 0, longest)
                         for n in budgets:
                             tree_passes[n] = {"chain": rounds(runs, n - 1).passes} | {

@@ -43,3 +43,36 @@ def pass_seconds(
     for i in ids:
         target.release(i)
     return samples
+
+
+def tree_pass_seconds(
+    target: Any, context: Sequence[int], tree: Any, keep: Sequence[int], turns: int
+) -> tuple[list[float], list[float]]:
+    """Seconds of one sequence's pass scoring ``tree`` (a TokenTree after ``context``) and
+    then keeping the path ``keep`` of it, as a decoder's tree round takes it; and of its pass
+    scoring a chain of as many tokens, the two taken in ``turns`` turns (each twice in a row,
+    the first left out, as ``pass_seconds`` times them)."""
+    seq = -100
+    target.verify_batch([(seq, context, ())])
+    target.rollback(seq, len(context) - 1)  # as after a round: the last token to score
+    chain = list(context[-len(tree.tokens) :])
+    trees: list[float] = []
+    chains: list[float] = []
+    try:
+        for _ in range(turns):
+            for run in range(2):
+                t0 = time.perf_counter()
+                target.verify_drafts([(seq, context, tree)])
+                target.keep_path(seq, tree, keep)
+                if run:
+                    trees.append(time.perf_counter() - t0)
+                target.rollback(seq, len(context) - 1)
+            for run in range(2):
+                t0 = time.perf_counter()
+                target.verify_batch([(seq, context, chain)])
+                if run:
+                    chains.append(time.perf_counter() - t0)
+                target.rollback(seq, len(context) - 1)
+    finally:
+        target.release(seq)
+    return trees, chains

@@ -13,7 +13,9 @@ accepted (vLLM's per-position acceptance: accepted at position i over drafts). I
   --json`` or ``exstill-bench`` (``num_accepted_tokens_per_pos`` with ``num_drafts_per_pos``),
   vLLM's counters (``num_accepted_tokens_per_pos`` with ``num_draft_tokens_per_pos``, as its
   ``SpecDecodingStats`` has them, or with ``num_drafts``), or the fixed-K runs of
-  ``exstill-bench e2e`` (mean acceptance length at each K: reach[K - 1] = L(K) - L(K - 1)).
+  ``exstill-bench e2e`` (mean acceptance length at each K: reach[K - 1] = L(K) - L(K - 1));
+  with the draft's ``top_k`` along the run's text beside them at the top when it was measured
+  (``exstill-bench profile`` writes it).
 
 Beyond the positions measured, each further token is accepted with the last position's
 chance given the one before it.
@@ -111,34 +113,22 @@ def geometric(source: str, mean_length: float, k: int) -> Acceptance:
     return Acceptance(source, tuple(a**i for i in range(1, k + 1)))
 
 
-def geometric_shares(c: float, ranks: int = RANKS) -> tuple[float, ...]:
-    """``rank_share`` where each further choice, up to the draft's ``ranks``-th, catches the
+def geometric_shares(c: float) -> tuple[float, ...]:
+    """``rank_share`` where each further choice, up to the draft's ``RANKS``-th, catches the
     share c of what the ones before it left."""
-    return tuple(c * (1 - c) ** i for i in range(ranks - 1))
+    return tuple(c * (1 - c) ** i for i in range(RANKS - 1))
 
 
-def tree_share(
-    reach: tuple[float, ...],
-    mean_length: float,
-    nodes: int,
-    *,
-    ranks: int = RANKS,
-    depth: int | None = None,
-    clamp: bool = False,
-) -> float:
-    """The share c (each further choice of the draft, up to its ``ranks``-th, catching c of
-    the refusals the ones before it left) with which the best tree of ``nodes`` nodes, at most
-    ``depth`` deep, keeps ``mean_length`` tokens a pass on top of ``reach``. A length out of
-    reach of every c is an error, or with ``clamp`` gives the nearer end, 0 or 1."""
+def tree_share(reach: tuple[float, ...], mean_length: float, nodes: int) -> float:
+    """The share c (each further choice of the draft catching c of the refusals the ones
+    before it left) with which the best tree of ``nodes`` nodes keeps ``mean_length`` tokens a
+    pass on top of ``reach``."""
 
     def length(c: float) -> float:
-        given = Acceptance("", reach, geometric_shares(c, ranks))
-        return tree_shape(given, nodes, depth).mean_length
+        return tree_shape(Acceptance("", reach, geometric_shares(c)), nodes).mean_length
 
     lo, hi = 0.0, 1.0
     if not length(lo) <= mean_length <= length(hi):
-        if clamp:
-            return lo if mean_length < length(lo) else hi
         raise ProfileError(
             f"tree_mean_length {mean_length:g} for {nodes} nodes is out of reach of this "
             f"acceptance: {length(lo):.2f} with chains alone, {length(hi):.2f} at most"
@@ -193,7 +183,25 @@ def load_acceptance(path: str | Path) -> Acceptance:
             f"{p.name}: no acceptance in it: give an acceptance profile ([acceptance]) or the "
             "JSON of exstill demo --json, exstill-bench e2e --json or vLLM's spec-decode counters"
         )
-    return Acceptance(p.name, found)
+    top_k = data.get("top_k") if isinstance(data, dict) else None  # the draft's, beside a run
+    return with_top_k(Acceptance(p.name, found), top_k)
+
+
+def with_top_k(acceptance: Acceptance, top_k: Any) -> Acceptance:
+    """``acceptance`` with the rank shares of its draft's ``top_k`` (none given, or a draft
+    never refused, top-1 of 1: no refusals to share out, and it stays as it is)."""
+    if top_k is None or (isinstance(top_k, list) and top_k and top_k[0] == 1.0):
+        return acceptance
+    if not (
+        isinstance(top_k, list)
+        and top_k
+        and all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in top_k)
+    ):
+        raise ProfileError(
+            f"{acceptance.source}: top_k must be a list of chances 0..1 (the target's token "
+            f"among the draft's k likeliest, k = 1, 2, ...), not {top_k!r}"
+        )
+    return replace(acceptance, rank_share=shares_from_top_k(acceptance.source, top_k))
 
 
 def _profile(source: str, a: Fields) -> Acceptance:
@@ -247,10 +255,7 @@ def _from_eval(source: str, drafters: dict[str, Any], pick: str) -> Acceptance:
         )
     reach = tuple(float(r) for r in np.cumprod(row["acceptance_by_depth"]))
     where = f"{source}#{name}/{category or 'all'}"
-    top_k = row.get("top_k")
-    if not top_k or top_k[0] >= 1.0:  # prompt lookup, or a draft never refused
-        return Acceptance(where, reach)
-    return Acceptance(where, reach, shares_from_top_k(where, top_k))
+    return with_top_k(Acceptance(where, reach), row.get("top_k"))  # none: prompt lookup
 
 
 def _from_run(data: Any) -> tuple[float, ...] | None:

@@ -326,6 +326,10 @@ class TargetProfile:
     """How often a drafted token's experts are its predecessor's beyond chance (0..1)."""
     sequence_ms: float = 0.0
     """Reading one sequence's KV cache at the profile's context (the anchored form)."""
+    tree_pass: float = 1.0
+    """A pass scoring a tree (and keeping the accepted path's cache after it) over a pass
+    scoring a chain of as many tokens: 1 where the engine scores a tree as it scores a chain
+    (a tree attention mask over the same tokens); ``exstill-bench profile`` times it."""
 
     def step_ms(self, batch: int) -> float:
         """A plain decode step of ``batch`` sequences."""
@@ -365,7 +369,7 @@ def load_target(path: str | Path) -> TargetProfile:
     p = resolve(path, "targets")
     top = Fields(p.name, read_document(p), "").only("target")
     t = top.sub("target").only(
-        "name", "source", "context", "pass", "step", "memory", "anchor", "verify"
+        "name", "source", "context", "pass", "step", "memory", "anchor", "verify", "tree_pass"
     )
     src = p.name
     passes = PassTable.read(t.sub("pass").only("batch", "tokens", "ms")) if t.has("pass") else None
@@ -391,6 +395,7 @@ def load_target(path: str | Path) -> TargetProfile:
         kw = _verify(t.sub("verify").only(*VERIFY_FIELDS), step, t)
     elif t.has("verify"):
         raise ProfileError(f"{src}: target.verify is for the modelled form; target.pass is given")
+    kw["tree_pass"] = t.number("tree_pass", 1.0, positive=True)
     return TargetProfile(
         name=t.text("name"), source=t.text("source", ""), step=step, passes=passes, **kw
     )

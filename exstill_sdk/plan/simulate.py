@@ -1,9 +1,10 @@
 """The model: U users decoding together, round by round, in virtual time.
 
 Every round, one verification pass scores every user's draft and the token after it (a chain
-of K: K + 1 tokens; a tree of N nodes: N + 1; none for a user without a stream when the card's
-overflow is ``target-alone``); how each round ends (the tokens accepted, the target's token
-after them) is drawn from the shape's outcomes (shapes.py). Then, for each round:
+of K: K + 1 tokens; a tree of N nodes: N + 1, at ``tree_pass`` times a chain's pass of as many
+tokens; none for a user without a stream when the card's overflow is ``target-alone``); how
+each round ends (the tokens accepted, the target's token after them) is drawn from the shape's
+outcomes (shapes.py). Then, for each round:
 
     host      the host's acceptance and COMMITs (per round + per sequence drafting)
     link      half a round trip to the card, half back
@@ -104,7 +105,7 @@ def simulate(
         drafting = 0
     tokens = users + drafting * shape.size
     step = target.step_ms(users)
-    verify = target.verify_ms(users, tokens)
+    verify = target.verify_ms(users, tokens) * (target.tree_pass if shape.kind == "tree" else 1)
     host = (card.host_us_per_round + card.host_us_per_sequence * drafting) / 1e3
     plain_rate = users / step * 1e3
     if not drafting:  # the target alone, through the host's loop

@@ -164,6 +164,7 @@ def test_profile_bench_feeds_the_planner(tmp_path) -> None:
     result = json.loads(out.stdout)
     passes = result["target"]["target"]["pass"]
     assert sorted(set(passes["batch"])) == [1, 2] and len(passes["tokens"]) == 2 * 9
+    assert result["target"]["target"]["tree_pass"] > 0  # a tree's pass over a chain's
     card = result["card"]["card"]
     assert card["draft_us_per_token"] > 0 and card["link_rtt_us"] > 0
     assert card["overflow"] == "target-alone" and result["card"]["host"]["us_per_round"] >= 0
@@ -175,6 +176,9 @@ def test_profile_bench_feeds_the_planner(tmp_path) -> None:
     assert card["target_slowdown"] >= 1.0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["card.json", "run-1-users.json", "run-2-users.json", "target.json"]
+    for users in ("1", "2"):  # the draft's top-k along each pilot run's text
+        top_k = result["runs"][users]["top_k"]
+        assert len(top_k) == 8 and top_k == sorted(top_k) and 0.0 < top_k[0] <= top_k[-1] <= 1
     files = {
         name: str(tmp_path / f"{stem}.json")
         for name, stem in (("target", "target"), ("card", "card"), ("acceptance", "run-2-users"))
@@ -210,18 +214,21 @@ def test_plan_check_rows_are_predicted_against_measured() -> None:
     tree, *chains = rows
     for r in rows:
         assert r["predicted_tokens_per_s"] > 0 and r["measured_tokens_per_s"] > 0
+        assert r["pass_drift"] > -1.0  # the passes timed after the runs against before them
         ratio = r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] - 1
         assert abs(r["error"] - ratio) < 1e-3
     # the tree row: a tree of 8 every round, drafted on the spot (the runtime never drafts a
     # tree ahead), its levels at the card's measured cost
     assert tree["shape"] == plan_check.TREE_NAME and tree["k"] == plan_check.TREE.nodes
     assert tree["predicted_prefetch_hit_rate"] == tree["measured_prefetch_hit_rate"] == 0.0
-    assert 0.0 <= tree["second_choice_share"] <= 1.0
     assert 1.0 < tree["measured_mean_acceptance_length"] <= plan_check.TREE.depth + 1
     card = result["profiles"]["small"]["card"]["card"]
     assert card["tree_level_us"] > 0 and card["prefetch_trees"] is False
     for r in chains:
         assert r["shape"] == f"chain of {r['k']}" and 0 <= r["k"] <= 8
+        # hits on drafts made ahead for other outcomes than full acceptance are hits
+        assert 0.0 <= r["measured_outcome_hit_rate"] <= r["measured_prefetch_hit_rate"]
+        assert r["predicted_outcomes_ahead"] <= (16 if r["k"] else 0)
     assert result["max_abs_error"] == max(abs(r["error"]) for r in rows)
     assert result["ok"] == (result["max_abs_error"] <= plan_check.TOLERANCE)
 

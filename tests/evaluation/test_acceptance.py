@@ -14,6 +14,7 @@ from exstill_sdk.evaluation.acceptance import (
     runs_from_chains,
     runs_from_matches,
 )
+from exstill_sdk.evaluation.drafters import target_ranks
 from exstill_sdk.evaluation.trees import tree_passes
 from exstill_sdk.speculative.trees import TokenTree
 
@@ -59,6 +60,9 @@ def test_one_teacher_forced_pass_gives_every_chain(text, table, k) -> None:
         assert r.accepted[depth - 1] == sum(a >= depth for a in accepted)
     assert np.array_equal(r.covered[0], r.accepted)  # top-1 coverage is acceptance
     assert all(np.all(r.covered[i] >= r.covered[0]) for i in range(len(COVERAGE_KS)))
+    checked = max(int(r.reached.sum()), 1)
+    assert r.top_k[0] == r.accepted.sum() / checked  # over every depth reached
+    assert r.top_k[1:] == [r.reached.sum() / checked] * (len(COVERAGE_KS) - 1)  # ranks 0 or 1
 
     def chain_at(t: int) -> TokenTree:  # the same chains as trees, for exstill eval's tree walk
         chain, last = [], text[prompt_len + t - 1]
@@ -96,3 +100,9 @@ def test_known_answers() -> None:
 def test_chains_are_scored_from_their_own_start() -> None:
     y = np.array([5, 6, 7, 8])
     assert list(runs_from_chains([[5, 6, 9], [], [7, 8, 1], [0]], y)) == [2, 0, 2, 0]
+
+
+def test_target_ranks_count_the_tokens_scored_strictly_higher() -> None:
+    logits = np.array([[0.1, 0.9, 0.5, 0.9], [2.0, -1.0, 0.0, 1.0]], np.float32)
+    assert list(target_ranks(logits, [1, 1])) == [0, 3]  # a tie above it does not count
+    assert list(target_ranks(logits, [0, 3])) == [3, 1]

@@ -106,6 +106,24 @@ def test_from_the_metrics_of_a_run(tmp_path: Path) -> None:
     assert a.reach[0] == pytest.approx(8 / 9)
 
 
+def test_a_run_with_its_draft_s_top_k(tmp_path: Path) -> None:
+    """exstill-bench profile writes the draft's top_k along a run's text beside its metrics:
+    the refusals' shares follow, as from an acceptance profile's top_k."""
+    m = SpecMetrics(max_k=2)
+    for accepted in (2, 0, 1, 2):
+        m.record_round(2, accepted, accepted + 1)
+    path = tmp_path / "run-4-users.json"
+    for top_k, shares in (([0.6, 0.8, 0.9], (0.5, 0.25)), ([1.0, 1.0], ()), (None, ())):
+        path.write_text(json.dumps({"metrics": m.to_dict(), "top_k": top_k}))
+        a = load_acceptance(path)
+        assert a.reach == pytest.approx(tuple(m.acceptance_per_position))
+        assert a.rank_share == pytest.approx(shares)
+    for bad, message in (("0.6", "top_k must be a list"), ([0.9, 0.8], "top_k must not fall")):
+        path.write_text(json.dumps({"metrics": m.to_dict(), "top_k": bad}))
+        with pytest.raises(ProfileError, match=message):
+            load_acceptance(path)
+
+
 def test_from_vllm_counters(tmp_path: Path) -> None:
     path = tmp_path / "vllm.json"
     path.write_text(json.dumps({"num_drafts": 100, "num_accepted_tokens_per_pos": [80, 60, 30]}))

@@ -83,3 +83,24 @@ def test_the_card_s_rounds_are_timed_only_when_the_card_counted_them_as_meant() 
         # the card's guess committed where a miss was meant: not a miss, not timed
         assert _round_us(card, [s], 4, _hit_verdicts([s], 4), hit=False) == []
         assert _round_us(card, [s], 4, None, hit=True) == []  # a draft that came out short
+
+
+def test_draft_top_k_along_the_target_s_text_and_the_draft_s_own() -> None:
+    """The card's draft run by onnxruntime along a text: its own greedy text is its top-1
+    everywhere; the demo target's text is not, and a wider k covers more of it."""
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.demo.pair import POSITIONS, demo_dir
+    from exstill_sdk.harness.demo_setup import user_prompts
+    from exstill_sdk.image.reader import open_image
+    from exstill_sdk.plan.measure.draft_ranks import demo_draft, draft_top_k
+
+    prompts = user_prompts(3, 64)
+    draft = demo_draft()
+    own = [draft.greedy(p, 40) for p in prompts]
+    assert draft_top_k(draft, prompts, own, 8) == [1.0] * 8
+    target = OnnxTarget(open_image(demo_dir() / "target.img"), max_sequences=3, positions=POSITIONS)
+    texts = target.greedy_batch(prompts, 40)
+    top_k = draft_top_k(draft, prompts, texts, 8)
+    assert len(top_k) == 8 and top_k[0] < 1.0 and top_k == sorted(top_k) and top_k[-1] <= 1.0
+    assert top_k[1] > top_k[0]  # the second choice catches some of the refusals
+    assert draft_top_k(draft, prompts, [[], [], []], 8) == []

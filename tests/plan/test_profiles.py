@@ -121,6 +121,9 @@ def test_measured_pass_table(tmp_path: Path) -> None:
     assert t.verify_ms(4, 12) == pytest.approx(32.0)  # between 8 and 16
     assert t.verify_ms(4, 24) == pytest.approx(56.0)  # the last segment's slope beyond
     assert t.step_ms(1) == 20.0 and t.step_ms(8) == 24.0  # a plain step is a pass of B tokens
+    assert t.tree_pass == 1.0  # a tree's pass costs a chain's of as many tokens unless timed
+    timed = MEASURED.replace("[target.pass]", "tree_pass = 1.2\n[target.pass]")
+    assert load_target(_write(tmp_path, timed)).tree_pass == 1.2
 
 
 def test_pass_table_by_batch(tmp_path: Path) -> None:

@@ -110,6 +110,19 @@ def test_prefetch_not_done_when_the_pass_is_shorter_than_drafting_ahead() -> Non
     assert slower.round_ms.card == pytest.approx(30.0 - 10.0, rel=0.01)
 
 
+def test_a_tree_s_pass_costs_tree_pass_times_a_chain_s() -> None:
+    """A tree of 7 every round, every first choice accepted, with a free card: 7 kept and the
+    bonus from a pass of 8 tokens (10 ms), at ``tree_pass`` times that; a chain is as before."""
+    every = replace(ALWAYS, rank_share=(0.5,))
+    shape = tree_shape(every, 7)
+    slower = replace(MEMORY_BOUND, tree_pass=1.25)
+    assert shape.mean_length == pytest.approx(8.0)
+    assert simulate(slower, FREE, every, 1, shape).tokens_per_s == pytest.approx(
+        8 / 12.5e-3, rel=1e-6
+    )
+    assert simulate(slower, FREE, every, 1, 7).tokens_per_s == pytest.approx(8 / 10e-3, rel=1e-6)
+
+
 def test_a_card_drafting_beside_the_target_slows_its_passes() -> None:
     """The emulator shares the CPU with the target: a pass beside its drafting ahead takes
     ``target_slowdown`` times as long; a plain step, and a pass without prefetch, do not."""

@@ -15,20 +15,26 @@ host on the other:
    length, weighs little against the steady state the planner models;
 5. the planner predicts that run from the measured profiles and the run's own acceptance (its
    metrics' JSON, what a user gives ``--acceptance``): what is checked is the model of where a
-   round's time goes. Acceptance measured at K = 8 does not carry over exactly to a run at
-   K = 2 (after a rejection the next draft starts elsewhere in the text), which would move a
-   row by up to 8%; that prediction is reported too (``pilot_acceptance_tokens_per_s``).
+   round's time goes. The passes the prediction reads are timed again after the runs, and the
+   table holds the mean of before and after (``pass_drift``: how far they moved): this shared
+   machine's speed drifts over the minutes a row takes. Acceptance measured at K = 8 does not
+   carry over exactly to a run at K = 2 (after a rejection the next draft starts elsewhere in
+   the text), which would move a row by up to 8%; that prediction is reported too
+   (``pilot_acceptance_tokens_per_s``).
+
+The acceptance of the draft's other choices (how often its second, third, ... choice names
+the target's token where the target refuses its first) is the draft's ``top_k`` along the
+run's own text (draft_ranks.py, as ``exstill eval`` measures it), written into the run's JSON
+beside its metrics. With it the chain rows model the card's drafting ahead for the likeliest
+outcomes besides full acceptance, as many as fit its budget (``predicted_outcomes_ahead``;
+``measured_outcome_hit_rate``: the share of rounds whose next draft came from one of them).
 
 At one user, each target also has a tree row: a run drafting the tree ``TREE`` every round
-(the card drafts a tree when its COMMIT comes, never ahead), predicted with the pilot's chain
-acceptance and the share c of its refusals the draft's second choice catches, c the one with
-which the model's tree keeps what the run's trees kept (the run's own acceptance, as for the
-chains). The card profile prices a tree round as the card timed its tree rounds (each level,
+(the card drafts a tree when its COMMIT comes, never ahead), predicted from the pilot's
+acceptance by position and its ``top_k`` (the tree's alternatives are the draft's first
+``TREE.top_k`` choices): the tree's acceptance is predicted, not taken from the run. The card
+profile prices a tree round as the card timed its tree rounds (each level,
 ``tree_level_us``, and what a tree costs beyond a chain's first step, ``tree_us``).
-
-The chain rows model the card's drafting ahead for the full-acceptance outcome only: a run's
-metrics record no ranks, so the other outcomes the runtime drafts ahead for are not in the
-model (their hits show in the measured prefetch hit rate).
 
 Every row prints predicted against measured; the check passes when the largest relative error
 of the speculative tokens/s is within ``TOLERANCE``.
@@ -45,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
+from exstill_sdk.bench.decode.users import pass_costs, plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.plan import (
@@ -58,8 +64,9 @@ from exstill_sdk.plan import (
     plan,
     simulate,
 )
-from exstill_sdk.plan.acceptance import geometric_shares, tree_share
+from exstill_sdk.plan.measure.draft_ranks import demo_draft, draft_top_k
 from exstill_sdk.plan.measure.profile import (
+    PASS_TURNS,
     PILOT_K,
     ahead_step,
     measure,
@@ -68,6 +75,7 @@ from exstill_sdk.plan.measure.profile import (
 )
 from exstill_sdk.plan.shapes import tree_shape
 from exstill_sdk.speculative.decoder import DEFAULT_TREES, SpeculativeDecoder
+from exstill_sdk.support.prefetch import prefetch_report
 
 TOLERANCE = 0.10
 TREE = DEFAULT_TREES[0]
@@ -88,6 +96,7 @@ def run(
     profiles: dict[str, Any] = {}
     from exstill_sdk.demo import demo_target
 
+    draft = demo_draft()
     with tempfile.TemporaryDirectory() as tmp, demo_card(max(users)) as (card, prompts):
         for name in targets:
             demo = demo_target(name, progress=progress)
@@ -96,7 +105,7 @@ def run(
             profiles[name] = measured
             folder = Path(tmp) / name
             write_profiles(folder, measured)
-            bench = _Bench(name, card, target, new_tokens, repeats, folder)
+            bench = _Bench(name, card, target, draft, new_tokens, repeats, folder)
             if 1 in users:
                 if progress:
                     print(f"{name}: 1 user, {TREE_NAME} ...", file=sys.stderr, flush=True)
@@ -123,25 +132,52 @@ def _profiles(b: _Bench, batch: list[list[int]]) -> tuple[TargetProfile, CardPro
     21% on this shared machine."""
     users = len(batch)
     doc = json.loads((b.folder / "target.json").read_text())
-    half_way = user_prompts(users, len(batch[0]) + b.new_tokens // 2)
-    retime(doc["target"]["pass"], b.target, half_way, users, range(PILOT_K + 1))
+    retime(doc["target"]["pass"], b.target, _half_way(b, batch), users, range(PILOT_K + 1))
     (b.folder / "target.json").write_text(json.dumps(doc, indent=1))
     return load_target(b.folder / "target.json"), load_card(b.folder / "card.json")
 
 
+def _half_way(b: _Bench, batch: list[list[int]]) -> list[list[int]]:
+    """The batch's prompts as long as a run's contexts are half-way, where passes are timed."""
+    return user_prompts(len(batch), len(batch[0]) + b.new_tokens // 2)
+
+
+def _timed_around(
+    b: _Bench, batch: list[list[int]], ks: Sequence[int]
+) -> tuple[TargetProfile, float]:
+    """The target profile with the passes of ``len(batch)`` users with each K in ``ks`` (those
+    the prediction reads) timed again after the runs, the mean of before and after in the
+    table: this shared machine drifts over the minutes a row's runs take, by as much as 28%
+    (docs/planning.md). And how far they moved: after over before, less 1 (the mean over ks)."""
+    users = len(batch)
+    path = b.folder / "target.json"
+    doc = json.loads(path.read_text())
+    rows = doc["target"]["pass"]
+    after = pass_costs(b.target, _half_way(b, batch), ks, turns=PASS_TURNS)
+    moved = []
+    for i, (n, tokens) in enumerate(zip(rows["batch"], rows["tokens"], strict=True)):
+        if n == users and str(tokens) in after:
+            moved.append(after[str(tokens)] / rows["ms"][i] - 1)
+            rows["ms"][i] = round((rows["ms"][i] + after[str(tokens)]) / 2, 3)
+    path.write_text(json.dumps(doc, indent=1))
+    return load_target(path), statistics.mean(moved)
+
+
 def _alternated(
     b: _Bench, decoder: SpeculativeDecoder, batch: list[list[int]]
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[list[int]]]:
     """Speculative and plain decoding's tokens/s while every user decodes, ``repeats`` runs
-    of each in turns."""
+    of each in turns; and the text they write (the target's greedy continuations)."""
     spec, plain = [], []
+    texts: list[list[int]] = []
     for rep in range(b.repeats):
         for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
             if way == "plain":
-                plain.append(plain_rate(b.target, batch, b.new_tokens)[0]["decode"])
+                rates, texts = plain_rate(b.target, batch, b.new_tokens)
+                plain.append(rates["decode"])
             else:
                 spec.append(speculative_rate(decoder, batch, b.new_tokens)[0]["decode"])
-    return spec, plain
+    return spec, plain, texts
 
 
 @dataclass(frozen=True)
@@ -151,6 +187,8 @@ class _Bench:
     name: str
     card: Any
     target: Any
+    draft: Any
+    """The card's draft, run here for its ``top_k`` along a run's text (draft_ranks.py)."""
     new_tokens: int
     repeats: int
     folder: Path
@@ -169,15 +207,17 @@ def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     target_p, card_p = _profiles(b, batch)
     decoder = tree_decoder()
     before = b.card.stats()
-    spec, plain = _alternated(b, decoder, batch)
-    kept = decoder.metrics.mean_acceptance_length
-    chains = load_acceptance(b.folder / "run-1-users.json")
-    c = tree_share(chains.reach, kept, TREE.nodes, ranks=TREE.top_k, depth=TREE.depth, clamp=True)
-    acceptance = replace(chains, rank_share=geometric_shares(c, TREE.top_k))
+    spec, plain, _ = _alternated(b, decoder, batch)
+    target_p, drift = _timed_around(b, batch, [0, TREE.nodes])  # a pass of the tree's tokens
+    pilot = load_acceptance(b.folder / "run-1-users.json")
+    # the tree's alternatives: the draft's first TREE.top_k choices, a share of 0 where the
+    # pilot saw no refusal (the card still grows all TREE.nodes nodes)
+    shares = (*pilot.rank_share, *(0.0,) * TREE.top_k)[: TREE.top_k - 1]
+    acceptance = replace(pilot, rank_share=shares)
     shape = tree_shape(acceptance, TREE.nodes, TREE.depth)
     predicted = simulate(target_p, card_p, acceptance, 1, shape)
-    row = _figures(b, decoder, predicted, spec, plain, before, 1)
-    return {**row, "shape": TREE_NAME, "second_choice_share": round(c, 3)}
+    row = _figures(b, decoder, predicted, spec, plain, before, 1, drift)
+    return {**row, "shape": TREE_NAME}
 
 
 def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
@@ -189,14 +229,18 @@ def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     k = planned.k
     decoder = SpeculativeDecoder(b.card, b.target, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
     before = b.card.stats()
-    spec, plain = _alternated(b, decoder, batch)
-    predicted = planned  # at K = 0 acceptance plays no part
+    spec, plain, texts = _alternated(b, decoder, batch)
+    target_p, drift = _timed_around(b, batch, sorted({0, k}))
+    acceptance = pilot  # at K = 0 acceptance plays no part
     if k:
         own = b.folder / f"check-{users}-users.json"  # the run's acceptance, as its JSON has it
-        own.write_text(json.dumps({"metrics": decoder.metrics.to_dict()}))
-        predicted = simulate(target_p, card_p, load_acceptance(own), users, k)
-    row = _figures(b, decoder, predicted, spec, plain, before, users)
-    row["pilot_acceptance_tokens_per_s"] = round(planned.tokens_per_s, 1)
+        top_k = draft_top_k(b.draft, batch, texts, PILOT_K)
+        own.write_text(json.dumps({"metrics": decoder.metrics.to_dict(), "top_k": top_k}))
+        acceptance = load_acceptance(own)
+    predicted = simulate(target_p, card_p, acceptance, users, k)
+    row = _figures(b, decoder, predicted, spec, plain, before, users, drift)
+    with_pilot = simulate(target_p, card_p, pilot, users, k)
+    row["pilot_acceptance_tokens_per_s"] = round(with_pilot.tokens_per_s, 1)
     return {**row, "shape": f"chain of {k}"}
 
 
@@ -208,9 +252,11 @@ def _figures(
     plain: list[float],
     before: Any,
     users: int,
+    drift: float,
 ) -> dict[str, Any]:
     """A row: predicted against measured, and where a round's time went."""
     ahead = ahead_step(b.card, before)
+    prefetch = prefetch_report(b.card.stats(), before)
     measured = statistics.median(spec)
     m = decoder.metrics
     passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
@@ -230,6 +276,10 @@ def _figures(
         # where a round's time went: the card's part, and how often its draft made ahead hit
         "predicted_prefetch_hit_rate": round(predicted.prefetch_hit_rate, 3),
         "measured_prefetch_hit_rate": round(m.prefetch_hits / max(1, m.num_drafts), 3),
+        # drafting ahead for other outcomes than full acceptance: how many a stream, and how
+        # often a round's next draft came from one of them
+        "predicted_outcomes_ahead": predicted.outcomes_ahead,
+        "measured_outcome_hit_rate": round(prefetch["outcome_hits"] / max(1, m.num_drafts), 3),
         "predicted_card_ms": round(predicted.round_ms.card, 4),
         # the metrics count rounds per sequence; the card's wait is a batch round's
         "measured_card_wait_ms": round(m.card_wait_s / max(1, m.rounds) * users * 1e3, 4),
@@ -237,4 +287,6 @@ def _figures(
         "predicted_verify_ms": round(predicted.round_ms.step + predicted.round_ms.verify_extra, 4),
         "measured_verify_ms_with_prompt": round(m.verify_s / max(1.0, passes) * 1e3, 4),
         "measured_ahead_step_us": round(ahead[1], 1) if ahead else 0.0,
+        # the passes the prediction reads, timed after the runs against before them
+        "pass_drift": round(drift, 3),
     }

@@ -16,6 +16,9 @@ emulated card's drafting and link, and the host's loop (``exstill-bench profile`
   ``prefetch_trees = false``);
 - host: the host's time a pass (a run's wall time less verification and waiting for the card),
   from speculative runs at each user count, as a line in the users (``[host]``);
+- runs: per user count, a K = 8 run's metrics (the acceptance by position) and the card's
+  draft's ``top_k`` along that run's text (draft_ranks.py: how often the draft's second,
+  third, ... choice names the target's token, for trees and drafting ahead for other outcomes);
 - the card's ``target_slowdown``: a pass in those runs, beside the card drafting ahead,
   against the table's pass of as many tokens timed with the card idle (the median over the
   user counts; the emulator shares the CPU's caches and memory with the target).
@@ -41,9 +44,12 @@ from exstill_sdk.bench.decode.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
 from exstill_sdk.errors import ExstillError
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
+from exstill_sdk.harness.passes import tree_pass_seconds
+from exstill_sdk.plan.measure.draft_ranks import demo_draft, draft_top_k
 from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative.estimators import Line, fit_line
+from exstill_sdk.speculative.trees import ROOT, TokenTree
 
 PAUSE_S = 0.02
 """Between measured card rounds: the card finishes drafting ahead meanwhile."""
@@ -97,8 +103,9 @@ def run(
 
 
 def write_profiles(folder: Path, measured: dict[str, Any]) -> list[Path]:
-    """``target.json``, ``card.json`` and ``run-U-users.json`` (a run's metrics, which
-    ``exstill plan --acceptance`` reads) into ``folder``."""
+    """``target.json``, ``card.json`` and ``run-U-users.json`` (a run's metrics and the
+    draft's ``top_k`` along its text, which ``exstill plan --acceptance`` reads) into
+    ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     docs = {"target": measured["target"], "card": measured["card"]}
     docs.update({f"run-{u}-users": doc for u, doc in measured["runs"].items()})
@@ -129,6 +136,8 @@ def measure(
     target_doc["target"]["context"] = len(half_way[0])
     card_doc = card_profile(card, half_way[0])
     pilots = {u: pilot(card, target, prompts[:u], new_tokens) for u in users}
+    draft = demo_draft()
+    top_k = {u: draft_top_k(draft, prompts[:u], p["texts"], PILOT_K) for u, p in pilots.items()}
     card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
     steps = [p["ahead_step"] for p in pilots.values() if p["ahead_step"]]
     card_doc["card"].update(ahead_line(card_doc["card"], steps))
@@ -144,7 +153,7 @@ def measure(
     return {
         "target": target_doc,
         "card": card_doc,
-        "runs": {str(u): {"metrics": p["metrics"]} for u, p in pilots.items()},
+        "runs": {str(u): {"metrics": p["metrics"], "top_k": top_k[u]} for u, p in pilots.items()},
         "target_slowdown_by_users": {str(u): round(v, 3) for u, v in slowdown.items()},
     }
 
@@ -162,7 +171,8 @@ def table_ms(target_doc: dict[str, Any], users: int, tokens: float) -> float:
 
 
 def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    """A K = 8 run's metrics (its acceptance, as a run's JSON has them) and the host's own time
+    """A K = 8 run's metrics (its acceptance, as a run's JSON has them), its text (every
+    sequence's tokens, the target's own greedy text) and the host's own time
     a pass: a long run's less a short one's, over their difference in passes, so that the
     prompt and the opening of the streams cancel out."""
     from exstill_sdk.speculative import SpeculativeDecoder
@@ -184,6 +194,7 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
     passes = max(1, p1 - p0)
     return {
         "metrics": metrics,
+        "texts": [r.tokens for r in results],
         "host_us": max(0.0, (h1 - h0) / passes) * 1e6,
         # the card's own timing of its drafting ahead in the long run: (streams, us) a step
         "ahead_step": ahead,
@@ -235,14 +246,25 @@ def target_profile(
     rows: dict[str, list[float]] = {"batch": [], "tokens": [], "ms": []}
     for u in users:
         retime(rows, target, prompts, u, ks)
+    trees, chains = tree_pass_seconds(target, prompts[0], TREE_PASS, TREE_PASS_KEPT, PASS_TURNS)
     return {
         "target": {
             "name": name,
             "source": f"exstill-bench profile on this machine: passes of {list(users)} users "
-            f"with K = {list(ks)} each, the median of {2 * PASS_TURNS} in {PASS_TURNS} turns",
+            f"with K = {list(ks)} each, the median of {2 * PASS_TURNS} in {PASS_TURNS} turns; "
+            f"tree_pass: a tree of {len(TREE_PASS.tokens)} nodes scored and a path of "
+            f"{len(TREE_PASS_KEPT)} kept, over a chain of as many tokens, {PASS_TURNS} turns",
             "pass": rows,
+            "tree_pass": round(statistics.median(trees) / statistics.median(chains), 3),
         }
     }
+
+
+TREE_PASS = TokenTree((11, 12, 13, 14, 15, 16, 21, 22), (ROOT, 0, 1, 2, 3, 4, ROOT, 0))
+"""The tree a target's tree pass is timed with: the decoder's smaller tree (8 nodes, top-2,
+depth 6) as the demo draft grows it, a chain of six with a second choice at depths 1 and 2."""
+TREE_PASS_KEPT = (0, 1, 2, 3, 4, 5)
+"""The path kept after it: the chain of six, about what the demo runs' trees keep."""
 
 
 def retime(

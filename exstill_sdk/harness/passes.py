@@ -4,7 +4,7 @@ verify curve, the users curve's pass table and the planner's target profiles."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -53,26 +53,30 @@ def tree_pass_seconds(
     scoring a chain of as many tokens, the two taken in ``turns`` turns (each twice in a row,
     the first left out, as ``pass_seconds`` times them)."""
     seq = -100
-    target.verify_batch([(seq, context, ())])
-    target.rollback(seq, len(context) - 1)  # as after a round: the last token to score
     chain = list(context[-len(tree.tokens) :])
+
+    def second_of_two(score: Callable[[], object]) -> float:
+        """Seconds of the second of two passes in a row, the cache back at the context less
+        its last token after each (as after a round: the last token to score)."""
+        for _ in range(2):
+            t0 = time.perf_counter()
+            score()
+            seconds = time.perf_counter() - t0
+            target.rollback(seq, len(context) - 1)
+        return seconds
+
+    def tree_round() -> None:
+        target.verify_drafts([(seq, context, tree)])
+        target.keep_path(seq, tree, keep)
+
     trees: list[float] = []
     chains: list[float] = []
     try:
+        target.verify_batch([(seq, context, ())])
+        target.rollback(seq, len(context) - 1)
         for _ in range(turns):
-            for run in range(2):
-                t0 = time.perf_counter()
-                target.verify_drafts([(seq, context, tree)])
-                target.keep_path(seq, tree, keep)
-                if run:
-                    trees.append(time.perf_counter() - t0)
-                target.rollback(seq, len(context) - 1)
-            for run in range(2):
-                t0 = time.perf_counter()
-                target.verify_batch([(seq, context, chain)])
-                if run:
-                    chains.append(time.perf_counter() - t0)
-                target.rollback(seq, len(context) - 1)
+            trees.append(second_of_two(tree_round))
+            chains.append(second_of_two(lambda: target.verify_batch([(seq, context, chain)])))
     finally:
         target.release(seq)
     return trees, chains

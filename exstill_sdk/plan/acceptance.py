@@ -190,7 +190,7 @@ def load_acceptance(path: str | Path) -> Acceptance:
 def with_top_k(acceptance: Acceptance, top_k: Any) -> Acceptance:
     """``acceptance`` with the rank shares of its draft's ``top_k`` (none given, or a draft
     never refused, top-1 of 1: no refusals to share out, and it stays as it is)."""
-    if top_k is None or (isinstance(top_k, list) and top_k and top_k[0] == 1.0):
+    if top_k is None:
         return acceptance
     if not (
         isinstance(top_k, list)
@@ -201,6 +201,8 @@ def with_top_k(acceptance: Acceptance, top_k: Any) -> Acceptance:
             f"{acceptance.source}: top_k must be a list of chances 0..1 (the target's token "
             f"among the draft's k likeliest, k = 1, 2, ...), not {top_k!r}"
         )
+    if top_k[0] == 1.0:
+        return acceptance
     return replace(acceptance, rank_share=shares_from_top_k(acceptance.source, top_k))
 
 

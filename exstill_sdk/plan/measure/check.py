@@ -101,7 +101,7 @@ def run(
         for name in targets:
             demo = demo_target(name, progress=progress)
             target = demo_onnx_target(demo.image, users, prompts)
-            measured = measure(card, target, name, prompts, users, new_tokens, progress)
+            measured = measure(card, target, draft, name, prompts, users, new_tokens, progress)
             profiles[name] = measured
             folder = Path(tmp) / name
             write_profiles(folder, measured)
@@ -204,7 +204,7 @@ def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
 
     # a short run first: the target's and the card's tree graphs open on their first trees
     speculative_rate(tree_decoder(), batch, WARM_UP_TOKENS)
-    target_p, card_p = _profiles(b, batch)
+    _, card_p = _profiles(b, batch)  # the passes timed before the runs: _timed_around reads them
     decoder = tree_decoder()
     before = b.card.stats()
     spec, plain, _ = _alternated(b, decoder, batch)

@@ -96,7 +96,7 @@ def run(
         hf = adapter == "hf"
         target = demo_hf_target(demo.image) if hf else demo_onnx_target(demo.image, users, prompts)
         label = f"demo-{name}-{adapter}"
-        result = measure(card, target, label, prompts, users, progress=progress)
+        result = measure(card, target, demo_draft(), label, prompts, users, progress=progress)
     if out is not None:
         result["files"] = [str(p) for p in write_profiles(Path(out), result)]
     return result
@@ -119,6 +119,7 @@ def write_profiles(folder: Path, measured: dict[str, Any]) -> list[Path]:
 def measure(
     card: Any,
     target: Any,
+    draft: Any,
     name: str,
     prompts: list[list[int]],
     users: Sequence[int],
@@ -126,7 +127,8 @@ def measure(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Every profile of the pair: ``target`` and ``card`` (with ``host``) as the planner reads
-    them, and ``runs``: per user count, the pilot run's metrics (its acceptance). Passes and
+    them, and ``runs``: per user count, the pilot run's metrics (its acceptance) and the
+    ``top_k`` of ``draft`` (the card's draft, ``draft_ranks.demo_draft``) along its text. Passes and
     drafts are timed at the context a run of ``new_tokens`` has half-way (attention grows with
     it: on the small target it is a good part of a pass)."""
     if progress:
@@ -136,7 +138,6 @@ def measure(
     target_doc["target"]["context"] = len(half_way[0])
     card_doc = card_profile(card, half_way[0])
     pilots = {u: pilot(card, target, prompts[:u], new_tokens) for u in users}
-    draft = demo_draft()
     top_k = {u: draft_top_k(draft, prompts[:u], p["texts"], PILOT_K) for u, p in pilots.items()}
     card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
     steps = [p["ahead_step"] for p in pilots.values() if p["ahead_step"]]

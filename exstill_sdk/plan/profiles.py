@@ -509,6 +509,7 @@ CARD_FIELDS = (
     "link_rtt_us",
     "prefetch",
     "max_outcomes",
+    "candidates",
     "outcome_share",
     "overflow",
     "max_k",
@@ -525,6 +526,9 @@ MAX_K = 16
 """The card runtime's longest chain by default (firmware/runtime.py, DEFAULT_MAX_K)."""
 MAX_OUTCOMES = 16
 """Most outcomes the card runtime drafts ahead for a stream (firmware/outcomes.py, MAX_WIDTH)."""
+CANDIDATES = 4
+"""Alternatives to each drafted token the card runtime weighs when it names the outcomes it
+drafts ahead for (firmware/outcomes.py, CANDIDATES)."""
 MAX_TREE_NODES = 64
 """The largest tree the protocol carries (exstill_sdk/protocol/constants.py)."""
 OUTCOME_SHARE = 0.85
@@ -571,6 +575,10 @@ class CardProfile:
     """Largest tree the card drafts (0: chains only)."""
     max_outcomes: int
     """Most outcomes a stream's next draft is made ahead for."""
+    candidates: int
+    """Alternatives to each drafted token (and to its guess of the bonus) the card weighs for
+    those outcomes: an outcome whose bonus is the draft's choice of a lower rank is never
+    drafted ahead for."""
     outcome_share: float
     """The share of the time from its reply to the next COMMITs the card fills with drafting
     ahead."""
@@ -664,6 +672,7 @@ def load_card(path: str | Path) -> CardProfile:
         max_k=c.integer("max_k", MAX_K),
         max_tree_nodes=c.integer("max_tree_nodes", MAX_TREE_NODES, minimum=0),
         max_outcomes=c.integer("max_outcomes", MAX_OUTCOMES),
+        candidates=c.integer("candidates", CANDIDATES),
         outcome_share=c.number("outcome_share", OUTCOME_SHARE, positive=True, maximum=1.0),
         ahead_us_per_token=c.number(
             "ahead_us_per_token", c.number("draft_us_per_token", positive=True), positive=True

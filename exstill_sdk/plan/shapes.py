@@ -26,6 +26,9 @@ from typing import Protocol
 
 import numpy as np
 
+UNNAMED = 1 << 30
+"""``DraftShape.bonus_rank`` of a bonus none of the draft's choices names."""
+
 
 class Acceptance(Hashable, Protocol):
     """What a shape needs of an acceptance profile (``acceptance.Acceptance``)."""
@@ -53,8 +56,9 @@ class DraftShape:
     can draft ahead for, likeliest first, then those it cannot."""
     accepted: np.ndarray
     """Drafted tokens each outcome accepts."""
-    nameable: int
-    """Outcomes, from the first, whose bonus is one of the draft's choices."""
+    bonus_rank: np.ndarray
+    """Each outcome's bonus among the draft's choices after its last accepted token: 0 its
+    first, 1 its second, ...; ``UNNAMED`` for a bonus none of them names."""
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.size}" if self.size else "no draft"
@@ -69,6 +73,11 @@ class DraftShape:
         """Rows of each step of the draft that makes this shape: the bonus taken in, then one
         step over each depth's nodes (the last giving what follows them)."""
         return (1, *self.levels)
+
+    def named(self, candidates: int) -> np.ndarray:
+        """The outcomes a card that weighs ``candidates`` alternatives to each drafted token
+        (its first ``candidates + 1`` choices) can draft ahead for, likeliest first."""
+        return np.flatnonzero(self.bonus_rank <= candidates)
 
     def reach(self, depth: int) -> float:
         """The chance that at least ``depth`` drafted tokens are accepted."""
@@ -121,19 +130,19 @@ def _shape(
     full = 0  # the node the first choices lead to
     while 0 in children[full]:
         full = children[full][0]
-    first: tuple[float, int] = (0.0, 0)
-    others: list[tuple[float, int]] = []
-    unnamed: list[tuple[float, int]] = []
+    first: tuple[float, int, int] = (0.0, 0, 0)
+    others: list[tuple[float, int, int]] = []
+    unnamed: list[tuple[float, int, int]] = []
     for node, (v, d) in enumerate(zip(value, depth, strict=True)):
         choices = acceptance.ranks(d + 1)
         for rank, q in enumerate(choices):
             if rank in children[node]:
                 continue
             if node == full and rank == 0:
-                first = (v * q, d)
+                first = (v * q, d, 0)
             else:
-                others.append((v * q, d))
-        unnamed.append((v * max(0.0, 1.0 - sum(choices)), d))
+                others.append((v * q, d, rank))
+        unnamed.append((v * max(0.0, 1.0 - sum(choices)), d, UNNAMED))
     others.sort(key=lambda o: -o[0])
     outcomes = [first, *others, *unnamed]
     levels = np.bincount(np.array(depth[1:], dtype=np.int64))[1:] if ranks else ()
@@ -141,9 +150,9 @@ def _shape(
         kind=kind,
         size=len(ranks),
         levels=tuple(int(w) for w in levels),
-        chance=np.array([c for c, _ in outcomes]),
-        accepted=np.array([d for _, d in outcomes]),
-        nameable=1 + len(others),
+        chance=np.array([c for c, _, _ in outcomes]),
+        accepted=np.array([d for _, d, _ in outcomes]),
+        bonus_rank=np.array([r for _, _, r in outcomes]),
     )
 
 

@@ -126,7 +126,10 @@ def simulate(
     ends = np.searchsorted(cumulative, rng.random((rounds, drafting)) * cumulative[-1])
     ends = np.minimum(ends, len(shape.chance) - 1)  # which outcome each round ends in
     accepted = shape.accepted[ends]
-    hits = ends < ahead_for
+    named = shape.named(card.candidates)
+    order = np.full(len(shape.chance), len(shape.chance))  # among those named, likeliest first
+    order[named] = np.arange(len(named))
+    hits = order[ends] < ahead_for
     ahead = card.drafting_us(drafting * ahead_for, shape, ahead=True) / 1e3
     commit = card.round_us + card.commit_us * drafting
     clock = card_free = waited = 0.0
@@ -166,12 +169,13 @@ def outcomes_ahead(card: CardProfile, shape: DraftShape, streams: int, window_ms
     (or for a tree on a card that drafts trees when their COMMIT comes); full acceptance alone
     (``full-acceptance``); or as many of the likeliest as fit, with it, in ``outcome_share`` of
     the time from its reply to the next COMMITs (``outcomes``), as the firmware plans them
-    (firmware/outcomes.py), at most ``max_outcomes``."""
+    (firmware/outcomes.py), at most ``max_outcomes``, among those whose bonus is one of its
+    ``candidates`` alternatives."""
     if not card.drafts_ahead(shape):
         return 0
     if card.prefetch == "full-acceptance":
         return 1
-    most = min(card.max_outcomes, shape.nameable)
+    most = min(card.max_outcomes, len(shape.named(card.candidates)))
     budget = card.outcome_share * window_ms * 1e3
     m = 1
     while m < most and card.drafting_us(streams * (m + 1), shape, ahead=True) <= budget:

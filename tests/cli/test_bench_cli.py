@@ -208,13 +208,15 @@ def test_plan_check_rows_are_predicted_against_measured() -> None:
     benchmark figure, docs/planning.md, not asserted here)."""
     from exstill_sdk.plan.measure import check as plan_check
 
-    result = plan_check.run(targets=("small",), users=(1, 2), new_tokens=40, repeats=1)
+    result = plan_check.run(
+        targets=("small",), users=(1, 2), new_tokens=40, repeats=1, min_run_s=0.3
+    )
     rows = result["rows"]
     assert [(r["target"], r["users"]) for r in rows] == [("small", 1)] * 2 + [("small", 2)]
     tree, *chains = rows
     for r in rows:
         assert r["predicted_tokens_per_s"] > 0 and r["measured_tokens_per_s"] > 0
-        assert r["pass_drift"] > -1.0  # the passes timed after the runs against before them
+        assert r["pass_drift"] > -1.0  # the passes timed between the runs against before them
         ratio = r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] - 1
         assert abs(r["error"] - ratio) < 1e-3
     # the tree row: a tree of 8 every round, drafted on the spot (the runtime never drafts a
@@ -222,6 +224,8 @@ def test_plan_check_rows_are_predicted_against_measured() -> None:
     assert tree["shape"] == plan_check.TREE_NAME and tree["k"] == plan_check.TREE.nodes
     assert tree["predicted_prefetch_hit_rate"] == tree["measured_prefetch_hit_rate"] == 0.0
     assert 1.0 < tree["measured_mean_acceptance_length"] <= plan_check.TREE.depth + 1
+    # every tree round is drafted when its COMMIT comes: the card's part is the model's too
+    assert tree["measured_round_trip_ms"] > 0 and tree["predicted_round_trip_ms"] > 0
     card = result["profiles"]["small"]["card"]["card"]
     assert card["tree_level_us"] > 0 and card["prefetch_trees"] is False
     for r in chains:
@@ -229,6 +233,10 @@ def test_plan_check_rows_are_predicted_against_measured() -> None:
         # hits on drafts made ahead for other outcomes than full acceptance are hits
         assert 0.0 <= r["measured_outcome_hit_rate"] <= r["measured_prefetch_hit_rate"]
         assert r["predicted_outcomes_ahead"] <= (16 if r["k"] else 0)
+        # acceptance over the decode window and over the whole run, both real lengths
+        for key in ("measured_mean_acceptance_length", "whole_run_mean_acceptance_length"):
+            assert 1.0 <= r[key] <= r["k"] + 1
+        assert (r["measured_round_trip_ms"] > 0) == (r["predicted_round_trip_ms"] > 0)
     assert result["max_abs_error"] == max(abs(r["error"]) for r in rows)
     assert result["ok"] == (result["max_abs_error"] <= plan_check.TOLERANCE)
 

@@ -63,7 +63,7 @@ def test_shape_outcomes_add_up() -> None:
     plain = load_acceptance("seed-qwen3-next")
     no_ranks = replace(plain, rank_share=())
     chain = chain_shape(no_ranks, 6)
-    assert chain.nameable == 1 and chain.chance[0] == pytest.approx(a.at(7))
+    assert list(chain.named(4)) == [0] and chain.chance[0] == pytest.approx(a.at(7))
 
 
 def test_per_position_profile_and_extrapolation(tmp_path: Path) -> None:

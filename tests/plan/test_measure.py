@@ -104,3 +104,26 @@ def test_draft_top_k_along_the_target_s_text_and_the_draft_s_own() -> None:
     assert len(top_k) == 8 and top_k[0] < 1.0 and top_k == sorted(top_k) and top_k[-1] <= 1.0
     assert top_k[1] > top_k[0]  # the second choice catches some of the refusals
     assert draft_top_k(draft, prompts, [[], [], []], 8) == []
+
+
+def test_the_check_s_acceptance_is_counted_over_its_decode_window(tmp_path) -> None:
+    """The rounds of a speculative run while every user decodes (the window its tokens/s
+    counts), as the counters ``--acceptance`` reads: rounds of 3, 1, 2 and 3 tokens at K = 2
+    accepted 2, 0, 1 and 2 drafted tokens."""
+    import json
+
+    from exstill_sdk.bench.decode.users import decode_rate
+    from exstill_sdk.plan import load_acceptance
+    from exstill_sdk.plan.measure.check import window_counters
+
+    counters = window_counters([3, 1, 2, 3], 2)
+    assert counters == {"num_drafts": 4, "num_accepted_tokens_per_pos": [3, 2]}
+    path = tmp_path / "window.json"
+    path.write_text(json.dumps({"metrics": counters}))
+    assert load_acceptance(path).reach == (0.75, 0.5)
+    # two users, 4 tokens each: user 1's first round opens the window, user 0's round that
+    # completes its 4 tokens closes it; the rounds before and after are not the window's
+    events = [(0, [1, 2, 3]), (1, [4]), (1, [5, 6]), (0, [7]), (1, [8])]
+    rounds: list[int] = []
+    _, outs = decode_rate(lambda: iter(events), 2, 4, 0.0, rounds)
+    assert rounds == [2, 1] and outs == [[1, 2, 3, 7], [4, 5, 6, 8]]

@@ -107,6 +107,7 @@ def test_planner_defaults_match_the_card_runtime() -> None:
     assert profiles.MAX_K == runtime.DEFAULT_MAX_K
     assert profiles.MAX_OUTCOMES == outcomes.MAX_WIDTH
     assert profiles.OUTCOME_SHARE == outcomes.WINDOW_SHARE
+    assert profiles.CANDIDATES == outcomes.CANDIDATES
     card = load_card("exstill-x1")
     assert (card.max_k, card.max_tree_nodes) == (16, MAX_TREE_NODES)
     # trees: priced as chain steps and drafted ahead, the card the seed's figures assume (the

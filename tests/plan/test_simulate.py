@@ -40,6 +40,7 @@ CARD = CardProfile(
     max_k=8,
     max_tree_nodes=64,
     max_outcomes=16,
+    candidates=4,
     outcome_share=0.85,
     ahead_us_per_token=50.0,
     ahead_stream_us_per_token=0.0,
@@ -153,7 +154,8 @@ def test_outcomes_prefetch_hits_the_likeliest_outcomes_that_fit() -> None:
     m outcomes take m waves, 150 us each."""
     acceptance = replace(HALF, rank_share=(1.0,))
     chain = chain_shape(acceptance, 2)
-    assert list(chain.chance[: chain.nameable]) == pytest.approx([1 / 8, 1 / 2, 1 / 4, 1 / 8])
+    named = chain.named(4)
+    assert list(chain.chance[named]) == pytest.approx([1 / 8, 1 / 2, 1 / 4, 1 / 8])
     card = replace(CARD, prefetch="outcomes")
     assert outcomes_ahead(card, chain, 1, window_ms=1.0) == 4
     assert outcomes_ahead(card, chain, 12, window_ms=0.5) == 2  # 300 us of 425
@@ -167,6 +169,23 @@ def test_outcomes_prefetch_hits_the_likeliest_outcomes_that_fit() -> None:
     assert p.round_ms.card == 0.0 and full.round_ms.card > 0
 
 
+def test_the_card_drafts_ahead_only_for_bonuses_among_its_candidates() -> None:
+    """A chain of 1 at a = 0.5, the draft's second, third and fourth choices catching 1/2,
+    1/4 and 1/4 of refusals: with every outcome's bonus named (3 candidates) every round hits;
+    with the draft's second choice alone besides its first (1 candidate), the outcomes of
+    full acceptance (1/4) and of a refusal caught by the second choice (1/4 at the first
+    position, 1/8 at the second), 5/8 of rounds."""
+    acceptance = replace(HALF, rank_share=(0.5, 0.25, 0.25))
+    chain = chain_shape(acceptance, 1)
+    assert list(chain.bonus_rank[chain.named(1)]) == [0, 1, 1]
+    card = replace(CARD, prefetch="outcomes")
+    for candidates, hit_rate in ((3, 1.0), (1, 5 / 8)):
+        each = replace(card, candidates=candidates)
+        p = simulate(MEMORY_BOUND, each, acceptance, 1, chain, rounds=20000)
+        assert p.outcomes_ahead == len(chain.named(candidates))
+        assert p.prefetch_hit_rate == pytest.approx(hit_rate, abs=0.01)
+
+
 def test_tree_rounds_verify_every_node_and_draft_by_depth() -> None:
     """A tree of N nodes verifies N + 1 tokens a sequence and drafts level by level: a level
     of w nodes for s streams is s * w rows, a wave per 12."""
@@ -178,7 +197,7 @@ def test_tree_rounds_verify_every_node_and_draft_by_depth() -> None:
     drafting = sum(CARD.draft_us(2 * w, 1) for w in tree.steps) / 1e3
     assert p.round_ms.card == pytest.approx(drafting)  # no prefetch: every round drafts anew
     assert p.mean_acceptance_length == pytest.approx(tree.mean_length, rel=0.02)
-    three = DraftShape("tree", 3, (3,), np.array([1.0]), np.array([0]), 1)  # steps (1, 3)
+    three = DraftShape("tree", 3, (3,), np.array([1.0]), np.array([0]), np.array([0]))
     assert CARD.drafting_us(16, three) == (2 + 4) * 50
 
 

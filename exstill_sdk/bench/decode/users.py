@@ -65,19 +65,26 @@ def plain_rate(
 
 
 def speculative_rate(
-    decoder: Any, batch: list[list[int]], new_tokens: int
+    decoder: Any, batch: list[list[int]], new_tokens: int, rounds: list[int] | None = None
 ) -> tuple[dict[str, float], list[list[int]]]:
-    """``decoder`` on ``batch``, timed as ``_decode_rate`` counts it; the outputs."""
+    """``decoder`` on ``batch``, timed as ``decode_rate`` counts it; the outputs. ``rounds``,
+    where given, gets the tokens of every round counted (each user's accepted tokens and the
+    target's one after them)."""
     started = time.perf_counter()
     events = partial(decoder.stream_batch, batch, new_tokens, stop_token_ids=[])
-    return _decode_rate(events, len(batch), new_tokens, started)
+    return decode_rate(events, len(batch), new_tokens, started, rounds)
 
 
-def _decode_rate(
-    events: Callable[[], Any], users: int, new_tokens: int, started: float
+def decode_rate(
+    events: Callable[[], Any],
+    users: int,
+    new_tokens: int,
+    started: float,
+    rounds: list[int] | None = None,
 ) -> tuple[dict[str, float], list[list[int]]]:
     """Consume (user, tokens) events: tokens/s while every user is decoding (after each has
-    its first round, until the first has all its tokens) and over the whole run; the outputs."""
+    its first round, until the first has all its tokens) and over the whole run; the outputs.
+    ``rounds`` gets the length of each event in that window."""
     outs: list[list[int]] = [[] for _ in range(users)]
     waiting = set(range(users))
     first_at, first_tokens = started, 0
@@ -88,8 +95,11 @@ def _decode_rate(
             waiting.discard(user)
             if not waiting:
                 first_at, first_tokens = time.perf_counter(), sum(map(len, outs))
-        elif window is None and len(outs[user]) >= new_tokens:
-            window = (time.perf_counter(), sum(map(len, outs)))
+        elif window is None:
+            if rounds is not None:
+                rounds.append(len(tokens))
+            if len(outs[user]) >= new_tokens:
+                window = (time.perf_counter(), sum(map(len, outs)))
     end = time.perf_counter()
     total = sum(map(len, outs))
     last_at, last_tokens = window or (end, total)

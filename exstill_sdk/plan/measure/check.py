@@ -10,22 +10,29 @@ host on the other:
    time a pass (their difference: the prompt and the streams' opening cancel out);
 3. the planner picks K for every user count from those profiles;
 4. a speculative run at that K measures tokens/s while every user decodes, as ``exstill-bench
-   e2e --users`` counts them, the median of ``repeats`` runs alternated with plain batched
-   decoding. Requests are 256 tokens, so that the last round of a request, cut short by its
-   length, weighs little against the steady state the planner models;
-5. the planner predicts that run from the measured profiles and the run's own acceptance (its
-   metrics' JSON, what a user gives ``--acceptance``): what is checked is the model of where a
-   round's time goes. The passes the prediction reads are timed again after the runs, and the
-   table holds the mean of before and after (``pass_drift``: how far they moved): this shared
+   e2e --users`` counts them, the median of runs alternated with plain batched decoding (at
+   least ``repeats`` of each, more where they are short: ``MIN_RUN_S``). Requests are 256
+   tokens, so that the last round of a request, cut short by its length, weighs little
+   against the steady state the planner models;
+5. the planner predicts that run from the measured profiles and the run's own acceptance,
+   counted over the same window as its tokens/s (``window_counters``, in the form a user gives
+   ``--acceptance``): what is checked is the model of where a round's time goes. The passes
+   the prediction reads are timed after every run, and the table holds their median
+   (``pass_drift``: how far they moved from the table K was planned with): this shared
    machine's speed drifts over the minutes a row takes. Acceptance measured at K = 8 does not
    carry over exactly to a run at K = 2 (after a rejection the next draft starts elsewhere in
    the text), which would move a row by up to 8%; that prediction is reported too
    (``pilot_acceptance_tokens_per_s``).
 
+Each row also sets the card's part of a round beside the model's: a batch round's exchange
+with the card (``measured_round_trip_ms``, the link and the card), against the model's card
+and link (``predicted_round_trip_ms``). The metrics' card wait also counts each stream's
+opening (its prompt drafted through), which the model leaves to the prompt's time.
+
 The acceptance of the draft's other choices (how often its second, third, ... choice names
 the target's token where the target refuses its first) is the draft's ``top_k`` along the
 run's own text (draft_ranks.py, as ``exstill eval`` measures it), written into the run's JSON
-beside its metrics. With it the chain rows model the card's drafting ahead for the likeliest
+beside its counters. With it the chain rows model the card's drafting ahead for the likeliest
 outcomes besides full acceptance, as many as fit its budget (``predicted_outcomes_ahead``;
 ``measured_outcome_hit_rate``: the share of rounds whose next draft came from one of them).
 
@@ -46,14 +53,16 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exstill_sdk.bench.decode.users import pass_costs, plain_rate, speculative_rate
+from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
+from exstill_sdk.harness.passes import pass_seconds
 from exstill_sdk.plan import (
     CardProfile,
     Projection,
@@ -81,6 +90,11 @@ TOLERANCE = 0.10
 TREE = DEFAULT_TREES[0]
 """The tree row's tree: the smaller of those ``trees="auto"`` weighs."""
 WARM_UP_TOKENS = 16
+MIN_RUN_S = 2.0
+"""Seconds each way's runs of a row add up to at least: where runs are short (the small
+target's at one user take 50 to 250 ms), more alternated pairs, so that a moment's noise on
+this shared machine moves the medians less."""
+MAX_PAIRS = 16
 TREE_NAME = f"tree of {TREE.nodes} (top-{TREE.top_k}, depth {TREE.depth})"
 
 
@@ -90,6 +104,7 @@ def run(
     users: Sequence[int] = (1, 4, 8, 16),
     new_tokens: int = 256,
     repeats: int = 2,
+    min_run_s: float = MIN_RUN_S,
     progress: bool = False,
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
@@ -105,7 +120,7 @@ def run(
             profiles[name] = measured
             folder = Path(tmp) / name
             write_profiles(folder, measured)
-            bench = _Bench(name, card, target, draft, new_tokens, repeats, folder)
+            bench = _Bench(name, card, target, draft, new_tokens, repeats, min_run_s, folder)
             if 1 in users:
                 if progress:
                     print(f"{name}: 1 user, {TREE_NAME} ...", file=sys.stderr, flush=True)
@@ -128,7 +143,7 @@ def run(
 
 def _profiles(b: _Bench, batch: list[list[int]]) -> tuple[TargetProfile, CardProfile]:
     """The target and card profiles, the passes of ``len(batch)`` users timed again now, just
-    before the runs they predict: a table timed minutes before moved rows at K = 0 by up to
+    before the row's K is planned: a table timed minutes before moved rows at K = 0 by up to
     21% on this shared machine."""
     users = len(batch)
     doc = json.loads((b.folder / "target.json").read_text())
@@ -142,42 +157,65 @@ def _half_way(b: _Bench, batch: list[list[int]]) -> list[list[int]]:
     return user_prompts(len(batch), len(batch[0]) + b.new_tokens // 2)
 
 
-def _timed_around(
-    b: _Bench, batch: list[list[int]], ks: Sequence[int]
+def _timed_between(
+    b: _Bench, users: int, samples: dict[int, list[float]]
 ) -> tuple[TargetProfile, float]:
-    """The target profile with the passes of ``len(batch)`` users with each K in ``ks`` (those
-    the prediction reads) timed again after the runs, the mean of before and after in the
-    table: this shared machine drifts over the minutes a row's runs take, by as much as 28%
-    (docs/planning.md). And how far they moved: after over before, less 1 (the mean over ks)."""
-    users = len(batch)
+    """The target profile with the passes of ``users`` users with each K of ``samples`` (those
+    the prediction reads) as timed between the row's runs, their median in the table: this
+    shared machine drifts over the minutes a row takes, by as much as 28% (docs/planning.md),
+    and passes timed only before the runs miss it. And how far they moved from the table the
+    row's K was planned with: the median over the runs over that, less 1 (the mean over K)."""
     path = b.folder / "target.json"
     doc = json.loads(path.read_text())
     rows = doc["target"]["pass"]
-    after = pass_costs(b.target, _half_way(b, batch), ks, turns=PASS_TURNS)
+    during = {users * (k + 1): statistics.median(v) * 1e3 for k, v in samples.items()}
     moved = []
     for i, (n, tokens) in enumerate(zip(rows["batch"], rows["tokens"], strict=True)):
-        if n == users and str(tokens) in after:
-            moved.append(after[str(tokens)] / rows["ms"][i] - 1)
-            rows["ms"][i] = round((rows["ms"][i] + after[str(tokens)]) / 2, 3)
+        if n == users and tokens in during:
+            moved.append(during[tokens] / rows["ms"][i] - 1)
+            rows["ms"][i] = round(during[tokens], 3)
     path.write_text(json.dumps(doc, indent=1))
     return load_target(path), statistics.mean(moved)
 
 
+@dataclass
+class _Runs:
+    """A row's alternated runs: each way's tokens/s while every user decodes, the text they
+    write (the target's greedy continuations), the tokens of each speculative round in that
+    window, and the passes the prediction reads (seconds by K) timed after every run."""
+
+    spec: list[float]
+    plain: list[float]
+    texts: list[list[int]]
+    rounds: list[int]
+    passes: dict[int, list[float]]
+
+
 def _alternated(
-    b: _Bench, decoder: SpeculativeDecoder, batch: list[list[int]]
-) -> tuple[list[float], list[float], list[list[int]]]:
-    """Speculative and plain decoding's tokens/s while every user decodes, ``repeats`` runs
-    of each in turns; and the text they write (the target's greedy continuations)."""
-    spec, plain = [], []
-    texts: list[list[int]] = []
-    for rep in range(b.repeats):
-        for way in ("spec", "plain") if rep % 2 == 0 else ("plain", "spec"):
+    b: _Bench, decoder: SpeculativeDecoder, batch: list[list[int]], ks: Sequence[int]
+) -> _Runs:
+    """Speculative and plain decoding in turns (the order swapping every pair), at least
+    ``repeats`` pairs and until each way has run ``min_run_s`` (at most ``MAX_PAIRS``), with
+    the passes of every K in ``ks`` timed after each run."""
+    runs = _Runs([], [], [], [], {k: [] for k in ks})
+    spent = {"spec": 0.0, "plain": 0.0}
+    contexts = _half_way(b, batch)
+    pairs = 0
+    while pairs < b.repeats or (min(spent.values()) < b.min_run_s and pairs < MAX_PAIRS):
+        for way in ("spec", "plain") if pairs % 2 == 0 else ("plain", "spec"):
+            t0 = time.perf_counter()
             if way == "plain":
-                rates, texts = plain_rate(b.target, batch, b.new_tokens)
-                plain.append(rates["decode"])
+                rates, runs.texts = plain_rate(b.target, batch, b.new_tokens)
+                runs.plain.append(rates["decode"])
             else:
-                spec.append(speculative_rate(decoder, batch, b.new_tokens)[0]["decode"])
-    return spec, plain, texts
+                rates, _ = speculative_rate(decoder, batch, b.new_tokens, runs.rounds)
+                runs.spec.append(rates["decode"])
+            spent[way] += time.perf_counter() - t0
+            timed = pass_seconds(b.target, contexts, ks, turns=PASS_TURNS, runs=2, warmup=1)
+            for k, v in timed.items():
+                runs.passes[k] += v
+        pairs += 1
+    return runs
 
 
 @dataclass(frozen=True)
@@ -191,6 +229,7 @@ class _Bench:
     """The card's draft, run here for its ``top_k`` along a run's text (draft_ranks.py)."""
     new_tokens: int
     repeats: int
+    min_run_s: float
     folder: Path
 
 
@@ -204,11 +243,11 @@ def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
 
     # a short run first: the target's and the card's tree graphs open on their first trees
     speculative_rate(tree_decoder(), batch, WARM_UP_TOKENS)
-    _, card_p = _profiles(b, batch)  # the passes timed before the runs: _timed_around reads them
+    _, card_p = _profiles(b, batch)  # the passes timed before the runs: pass_drift's base
     decoder = tree_decoder()
     before = b.card.stats()
-    spec, plain, _ = _alternated(b, decoder, batch)
-    target_p, drift = _timed_around(b, batch, [0, TREE.nodes])  # a pass of the tree's tokens
+    runs = _alternated(b, decoder, batch, [0, TREE.nodes])  # a pass of the tree's tokens
+    target_p, drift = _timed_between(b, 1, runs.passes)
     pilot = load_acceptance(b.folder / "run-1-users.json")
     # the tree's alternatives: the draft's first TREE.top_k choices, a share of 0 where the
     # pilot saw no refusal (the card still grows all TREE.nodes nodes)
@@ -216,7 +255,7 @@ def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     acceptance = replace(pilot, rank_share=shares)
     shape = tree_shape(acceptance, TREE.nodes, TREE.depth)
     predicted = simulate(target_p, card_p, acceptance, 1, shape)
-    row = _figures(b, decoder, predicted, spec, plain, before, 1, drift)
+    row = _figures(b, decoder, predicted, runs, before, 1, drift)
     return {**row, "shape": TREE_NAME}
 
 
@@ -229,27 +268,40 @@ def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     k = planned.k
     decoder = SpeculativeDecoder(b.card, b.target, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
     before = b.card.stats()
-    spec, plain, texts = _alternated(b, decoder, batch)
-    target_p, drift = _timed_around(b, batch, sorted({0, k}))
+    runs = _alternated(b, decoder, batch, sorted({0, k}))
+    target_p, drift = _timed_between(b, users, runs.passes)
     acceptance = pilot  # at K = 0 acceptance plays no part
     if k:
-        own = b.folder / f"check-{users}-users.json"  # the run's acceptance, as its JSON has it
-        top_k = draft_top_k(b.draft, batch, texts, PILOT_K)
-        own.write_text(json.dumps({"metrics": decoder.metrics.to_dict(), "top_k": top_k}))
+        own = b.folder / f"check-{users}-users.json"  # the run's acceptance, as a JSON has it
+        top_k = draft_top_k(b.draft, batch, runs.texts, PILOT_K)
+        own.write_text(json.dumps({"metrics": window_counters(runs.rounds, k), "top_k": top_k}))
         acceptance = load_acceptance(own)
     predicted = simulate(target_p, card_p, acceptance, users, k)
-    row = _figures(b, decoder, predicted, spec, plain, before, users, drift)
+    row = _figures(b, decoder, predicted, runs, before, users, drift)
     with_pilot = simulate(target_p, card_p, pilot, users, k)
     row["pilot_acceptance_tokens_per_s"] = round(with_pilot.tokens_per_s, 1)
     return {**row, "shape": f"chain of {k}"}
+
+
+def window_counters(rounds: list[int], k: int) -> dict[str, Any]:
+    """vLLM's spec-decode counters (the form ``--acceptance`` reads) of the chain rounds of K
+    = ``k`` that ``rounds`` gives the tokens of: the tokens/s is counted while every user
+    decodes, and so is the acceptance it is predicted from. Over the whole run, the rounds
+    after the first user has all its tokens (the users whose drafts are refused more, left on
+    their own) would lower it: by 5% and 6% at four and eight users on the large target
+    (2.261 against 2.386, 2.114 against 2.250)."""
+    accepted = [min(n - 1, k) for n in rounds]
+    return {
+        "num_drafts": len(accepted),
+        "num_accepted_tokens_per_pos": [sum(a > i for a in accepted) for i in range(k)],
+    }
 
 
 def _figures(
     b: _Bench,
     decoder: SpeculativeDecoder,
     predicted: Projection,
-    spec: list[float],
-    plain: list[float],
+    runs: _Runs,
     before: Any,
     users: int,
     drift: float,
@@ -257,8 +309,9 @@ def _figures(
     """A row: predicted against measured, and where a round's time went."""
     ahead = ahead_step(b.card, before)
     prefetch = prefetch_report(b.card.stats(), before)
-    measured = statistics.median(spec)
+    measured = statistics.median(runs.spec)
     m = decoder.metrics
+    trips = decoder.round_trips
     passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
     return {
         "target": b.name,
@@ -268,11 +321,13 @@ def _figures(
         "measured_tokens_per_s": round(measured, 1),
         "error": round(predicted.tokens_per_s / measured - 1, 3),
         "predicted_plain_tokens_per_s": round(predicted.plain_tokens_per_s, 1),
-        "measured_plain_tokens_per_s": round(statistics.median(plain), 1),
+        "measured_plain_tokens_per_s": round(statistics.median(runs.plain), 1),
         "predicted_speedup": round(predicted.speedup, 3),
-        "measured_speedup": round(measured / statistics.median(plain), 3),
+        "measured_speedup": round(measured / statistics.median(runs.plain), 3),
         "predicted_mean_acceptance_length": round(predicted.mean_acceptance_length, 3),
-        "measured_mean_acceptance_length": round(m.mean_acceptance_length, 3),
+        "measured_mean_acceptance_length": round(statistics.mean(runs.rounds), 3),
+        # over the whole run: the users left decoding after the window, and their openings
+        "whole_run_mean_acceptance_length": round(m.mean_acceptance_length, 3),
         # where a round's time went: the card's part, and how often its draft made ahead hit
         "predicted_prefetch_hit_rate": round(predicted.prefetch_hit_rate, 3),
         "measured_prefetch_hit_rate": round(m.prefetch_hits / max(1, m.num_drafts), 3),
@@ -280,9 +335,10 @@ def _figures(
         # often a round's next draft came from one of them
         "predicted_outcomes_ahead": predicted.outcomes_ahead,
         "measured_outcome_hit_rate": round(prefetch["outcome_hits"] / max(1, m.num_drafts), 3),
-        "predicted_card_ms": round(predicted.round_ms.card, 4),
-        # the metrics count rounds per sequence; the card's wait is a batch round's
-        "measured_card_wait_ms": round(m.card_wait_s / max(1, m.rounds) * users * 1e3, 4),
+        # a batch round's exchange with the card (the link both ways and the card's part; the
+        # streams' opening, which the metrics' card wait also counts, left out)
+        "predicted_round_trip_ms": round(predicted.round_ms.card + predicted.round_ms.link, 4),
+        "measured_round_trip_ms": round(trips.sum / max(1, trips.count) * 1e3, 4),
         # the pass and the card's drafting ahead as they ran (prompt passes included)
         "predicted_verify_ms": round(predicted.round_ms.step + predicted.round_ms.verify_extra, 4),
         "measured_verify_ms_with_prompt": round(m.verify_s / max(1.0, passes) * 1e3, 4),

@@ -52,8 +52,9 @@ class DraftShape:
     """Nodes at depth 1, 2, ...: a chain's are all 1."""
     chance: np.ndarray
     """Each outcome's chance: the full-acceptance one first (every drafted token of the
-    draft's first choices accepted, and the first choice after them), then the others the card
-    can draft ahead for, likeliest first, then those it cannot."""
+    draft's first choices accepted, and the first choice after them), then the others whose
+    bonus is one of the draft's choices, likeliest first, then those whose bonus none names
+    (``named``: those a card can draft ahead for)."""
     accepted: np.ndarray
     """Drafted tokens each outcome accepts."""
     bonus_rank: np.ndarray

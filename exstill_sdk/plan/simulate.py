@@ -126,10 +126,7 @@ def simulate(
     ends = np.searchsorted(cumulative, rng.random((rounds, drafting)) * cumulative[-1])
     ends = np.minimum(ends, len(shape.chance) - 1)  # which outcome each round ends in
     accepted = shape.accepted[ends]
-    named = shape.named(card.candidates)
-    order = np.full(len(shape.chance), len(shape.chance))  # among those named, likeliest first
-    order[named] = np.arange(len(named))
-    hits = order[ends] < ahead_for
+    hits = np.isin(ends, shape.named(card.candidates)[:ahead_for])
     ahead = card.drafting_us(drafting * ahead_for, shape, ahead=True) / 1e3
     commit = card.round_us + card.commit_us * drafting
     clock = card_free = waited = 0.0

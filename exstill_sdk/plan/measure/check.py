@@ -343,6 +343,7 @@ def _figures(
         "predicted_verify_ms": round(predicted.round_ms.step + predicted.round_ms.verify_extra, 4),
         "measured_verify_ms_with_prompt": round(m.verify_s / max(1.0, passes) * 1e3, 4),
         "measured_ahead_step_us": round(ahead[1], 1) if ahead else 0.0,
-        # the passes the prediction reads, timed after the runs against before them
+        # the passes the prediction reads, timed between the runs, against the table the
+        # row's K was planned with
         "pass_drift": round(drift, 3),
     }

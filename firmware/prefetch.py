@@ -167,6 +167,11 @@ class Prefetcher:
             drafts = stream.state.draft_outcomes(branch[: 4 * k], planned.roots, k + 1, passes)
             if passes.started:  # the passes done, timed, whether or not all were
                 self.cost.add(len(planned.roots), passes.seconds_each())
+                if self.telemetry is not None:
+                    t = self.telemetry
+                    t.outcome_passes += passes.started
+                    t.outcome_pass_us += int(passes.seconds_each() * passes.started * 1e6)
+                    t.outcome_pass_width += passes.started * len(planned.roots)
             if drafts is not None and stream.version == version:  # done, or begun
                 stream.outcomes = OutcomeSet(
                     version, {d.committed: d for d in drafts}, passes.started == k + 1

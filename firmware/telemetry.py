@@ -22,6 +22,9 @@ class Telemetry:
         "frames",
         "frames_dropped",
         "images_set_aside",
+        "outcome_pass_us",
+        "outcome_pass_width",
+        "outcome_passes",
         "prefetch_hits",
         "prefetch_hits_by_accepted",
         "prefetch_late",
@@ -64,6 +67,12 @@ class Telemetry:
         """Steps of drafting ahead for full acceptance (each a batched step of every stream
         drafting ahead together), the microseconds they took and the streams they drafted:
         what drafting costs while the host verifies (on a CPU emulator, beside the target)."""
+        self.outcome_passes = 0
+        self.outcome_pass_us = 0
+        self.outcome_pass_width = 0
+        """Passes of a stream's outcome tree (drafting ahead for other outcomes, one stream
+        at a time), the microseconds they took and the outcomes they drafted (each pass's
+        width, summed): what the card's ``PassCost`` fits (firmware/outcomes.py)."""
         self.streams_opened = 0
         self.admin_refused = 0
         """Requests refused for want of the admin key (NOT_AUTHORIZED), AUTH failures included."""
@@ -90,6 +99,9 @@ class Telemetry:
             "ahead_steps": self.ahead_steps,
             "ahead_step_us": self.ahead_step_us,
             "ahead_step_streams": self.ahead_step_streams,
+            "outcome_passes": self.outcome_passes,
+            "outcome_pass_us": self.outcome_pass_us,
+            "outcome_pass_width": self.outcome_pass_width,
             "streams_open": streams_open,
             "streams_opened": self.streams_opened,
             "images_set_aside": self.images_set_aside,

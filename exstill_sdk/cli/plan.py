@@ -217,7 +217,7 @@ def _table(result: dict[str, Any]) -> str:
             f"{r['users']:>5} {r['shape']:<11} {r['tokens_per_s']:>9.1f} "
             f"{r['tokens_per_s_per_user']:>9.1f} {r['plain_tokens_per_s']:>9.1f} "
             f"{r['speedup']:>7.2f}x {r['mean_acceptance_length']:>6.2f} "
-            f"{r['outcomes_ahead']:>5} {r['prefetch_hit_rate']:>5.0%} {r['waves']:>5}  "
+            f"{r['outcomes_ahead']:>5.1f} {r['prefetch_hit_rate']:>5.0%} {r['waves']:>5}  "
             f"{ms['step']:.2f} + {ms['verify_extra']:.2f} + {ms['host']:.3f} + "
             f"{ms['link']:.3f} + {ms['card']:.3f}"
         )

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+from exstill_sdk.speculative.adapter import TargetAdapter
+from exstill_sdk.speculative.trees import TokenTree
 
 
 def pass_seconds(
@@ -80,3 +83,70 @@ def tree_pass_seconds(
     finally:
         target.release(seq)
     return trees, chains
+
+
+class Pass(NamedTuple):
+    """One verification pass as a decoder ran it."""
+
+    sequences: int
+    tokens: int
+    """Tokens scored: every sequence's draft (a chain's tokens or a tree's nodes) and one more."""
+    tree: bool
+    """Whether a draft in it was a tree."""
+    seconds: float
+
+
+class RecordedPasses(TargetAdapter):
+    """A target that records each of its steady verification passes as a decoder runs it
+    (``passes``), every sequence in it past its first pass (a first pass also takes in the
+    prompt). Everything else is the target's own."""
+
+    def __init__(self, target: TargetAdapter) -> None:
+        self.target = target
+        self.passes: list[Pass] = []
+        self._seen: set[int] = set()
+        for name in ADAPTER_FIELDS:
+            setattr(self, name, getattr(target, name))
+
+    def verify(self, seq_id: int, context: Sequence[int], draft: Sequence[int]) -> Any:
+        (logits,) = self._timed(lambda i: [self.target.verify(*i[0])], [(seq_id, context, draft)])
+        return logits
+
+    def verify_batch(self, items: Sequence[tuple[int, Sequence[int], Sequence[int]]]) -> Any:
+        return self._timed(self.target.verify_batch, items)
+
+    def verify_drafts(self, items: Sequence[tuple[int, Sequence[int], Any]]) -> Any:
+        return self._timed(self.target.verify_drafts, items)
+
+    def verify_tree(self, seq_id: int, context: Sequence[int], tree: TokenTree) -> Any:
+        (logits,) = self._timed(
+            lambda i: [self.target.verify_tree(*i[0])], [(seq_id, context, tree)]
+        )
+        return logits
+
+    def rollback(self, seq_id: int, length: int) -> None:
+        self.target.rollback(seq_id, length)
+
+    def keep_path(self, seq_id: int, tree: TokenTree, nodes: Sequence[int]) -> None:
+        self.target.keep_path(seq_id, tree, nodes)
+
+    def release(self, seq_id: int) -> None:
+        self.target.release(seq_id)
+
+    def _timed(self, verify: Callable[[Any], Any], items: Sequence[tuple[int, Any, Any]]) -> Any:
+        t0 = time.perf_counter()
+        out = verify(items)
+        seconds = time.perf_counter() - t0
+        indices = [i for i, _, _ in items]
+        if self._seen.issuperset(indices):
+            tree = any(isinstance(draft, TokenTree) for _, _, draft in items)
+            tokens = sum(len(getattr(draft, "tokens", draft)) + 1 for _, _, draft in items)
+            self.passes.append(Pass(len(items), tokens, tree, seconds))
+        self._seen.update(indices)
+        return out
+
+
+ADAPTER_FIELDS = (
+    "vocab_size", "eos_token_ids", "max_batch", "max_positions", "supports_trees", "tokenizer"
+)  # fmt: skip
+"""A ``TargetAdapter``'s attributes (speculative/adapter.py), which a wrapper passes on."""

@@ -43,6 +43,8 @@ CARD_COUNTERS = {
     "prefetch_wasted_tokens": "Tokens drafted ahead for outcomes that did not happen.",
     "ahead_steps": "Batched steps of drafting ahead.",
     "ahead_step_streams": "Streams drafted in the steps of drafting ahead.",
+    "outcome_passes": "Passes of a stream's outcome tree (drafting ahead for other outcomes).",
+    "outcome_pass_width": "Outcomes drafted in the passes of the outcome trees.",
     "streams_opened": "Streams the card opened.",
     "images_set_aside": "Stored images the card would not serve at boot.",
     "admin_refused": "Requests refused for want of the admin key.",
@@ -108,6 +110,15 @@ def card_metrics(stats: dict[str, int], card: str) -> list[Metric]:
                 _counter(
                     "exstill_card_drafting_ahead_seconds",
                     "Seconds the card spent drafting ahead while the host verified.",
+                    on,
+                    value / 1e6,
+                )
+            )
+        elif name == "outcome_pass_us":
+            out.append(
+                _counter(
+                    "exstill_card_outcome_drafting_seconds",
+                    "Seconds the card spent drafting ahead for other outcomes.",
                     on,
                     value / 1e6,
                 )

@@ -29,6 +29,7 @@ import json
 import math
 import sys
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
@@ -517,6 +518,8 @@ CARD_FIELDS = (
     "ahead_us_per_token",
     "ahead_stream_us_per_token",
     "target_slowdown",
+    "outcome_pass_us",
+    "outcome_us",
     "tree_level_us",
     "tree_us",
     "prefetch_trees",
@@ -588,10 +591,18 @@ class CardProfile:
     verifies: the same in silicon; on a CPU emulator beside a running target, more (the two
     share caches), where a miss is drafted while the host waits."""
     target_slowdown: float
-    """How many times as long the target's verification pass takes while the card drafts
-    ahead beside it: 1 for a card of its own silicon (the default); above 1 for the emulator,
-    which shares the CPU's caches and memory with the target. A plain step (K = 0, the card
-    idle) is not slowed."""
+    """How many times as long the target's verification pass takes in a round the card drafts
+    for (ahead, beside the pass, or when the COMMIT comes, just before it): 1 for a card of its
+    own silicon (the default); above 1 for the emulator, which shares the CPU's caches and
+    memory with the target (its drafting evicts a small target's weights from the L3). A plain
+    step (K = 0, the card idle) is not slowed."""
+    outcome_pass_us: float | None
+    """A card that drafts ahead for each stream's other outcomes (besides full acceptance) in
+    an outcome tree of its own, one pass a drafted token, after the batched drafting ahead
+    for full acceptance, as the card runtime does (firmware/prefetch.py): each pass's fixed
+    part, and ``outcome_us`` each outcome in it. None (the default): other outcomes are more
+    rows of the batched drafting ahead, as a card that drafts them side by side in silicon."""
+    outcome_us: float
     tree_level_us: float | None
     """A card that grows each stream's tree a pass a level, as the card runtime does (one run
     of its tree graph over the level's best nodes): each level after the first costs this, the
@@ -626,6 +637,17 @@ class CardProfile:
             each = self.tree_us + levels * self.tree_level_us
             return self.draft_us(streams, 1, ahead) + streams * each
         return sum(self.draft_us(streams * rows, 1, ahead) for rows in shape.steps)
+
+    def ahead_us(self, shape: DraftShape, widths: Sequence[int]) -> float:
+        """Drafting ``shape`` ahead for streams that each draft ahead for ``widths`` outcomes
+        (full acceptance and the others; 0: none): as many rows of one batched drafting, or,
+        with ``outcome_pass_us``, full acceptance batched for every stream drafting ahead,
+        then each stream's outcome tree, a pass a drafted token, one after another."""
+        if self.outcome_pass_us is None:
+            return self.drafting_us(sum(widths), shape, ahead=True)
+        passes = len(shape.steps)
+        trees = sum(self.outcome_pass_us + self.outcome_us * (w - 1) for w in widths if w > 1)
+        return self.drafting_us(sum(w > 0 for w in widths), shape, ahead=True) + passes * trees
 
     def drafts_ahead(self, shape: DraftShape) -> bool:
         """Whether the card drafts the next ``shape`` ahead while the target verifies."""
@@ -681,6 +703,10 @@ def load_card(path: str | Path) -> CardProfile:
             "ahead_stream_us_per_token", c.number("stream_us_per_token", 0.0)
         ),
         target_slowdown=c.number("target_slowdown", 1.0, positive=True),
+        outcome_pass_us=(
+            c.number("outcome_pass_us", positive=True) if c.has("outcome_pass_us") else None
+        ),
+        outcome_us=c.number("outcome_us", 0.0),
         tree_level_us=c.number("tree_level_us", positive=True) if c.has("tree_level_us") else None,
         tree_us=c.number("tree_us", 0.0),
         prefetch_trees=c.flag("prefetch_trees", True),

@@ -69,8 +69,8 @@ class Projection:
     speedup: float
     mean_acceptance_length: float
     prefetch_hit_rate: float
-    outcomes_ahead: int
-    """Outcomes a stream's next draft is made ahead for."""
+    outcomes_ahead: float
+    """Outcomes a stream's next draft is made ahead for (the mean over the streams)."""
     streams_used: int
     waves: int
     round_ms: RoundSplit
@@ -80,7 +80,7 @@ class Projection:
         out["round_ms"] = {k: round(v, 4) for k, v in asdict(self.round_ms).items()}
         for key in ("tokens_per_s", "tokens_per_s_per_user", "plain_tokens_per_s"):
             out[key] = round(out[key], 1)
-        for key in ("speedup", "mean_acceptance_length", "prefetch_hit_rate"):
+        for key in ("speedup", "mean_acceptance_length", "prefetch_hit_rate", "outcomes_ahead"):
             out[key] = round(out[key], 3)
         return out
 
@@ -115,10 +115,10 @@ def simulate(
             users, 0, str(shape), rate, rate / users, plain_rate, rate / plain_rate, 1.0, 0.0,
             0, 0, 0, split,
         )  # fmt: skip
-    if card.drafts_ahead(shape):  # the card drafts ahead beside the pass
-        verify *= card.target_slowdown
+    verify *= card.target_slowdown  # the card drafts beside the pass, or just before it
     rtt = card.link_rtt_us / 1e3
-    ahead_for = outcomes_ahead(card, shape, drafting, verify + host + rtt)
+    each = outcomes_ahead(card, shape, drafting, verify + host + rtt)
+    widths = np.array(each)
     if rounds is None:
         rounds = max(MIN_ROUNDS, DRAFTS // drafting)
     rng = np.random.default_rng(seed)
@@ -126,8 +126,11 @@ def simulate(
     ends = np.searchsorted(cumulative, rng.random((rounds, drafting)) * cumulative[-1])
     ends = np.minimum(ends, len(shape.chance) - 1)  # which outcome each round ends in
     accepted = shape.accepted[ends]
-    hits = np.isin(ends, shape.named(card.candidates)[:ahead_for])
-    ahead = card.drafting_us(drafting * ahead_for, shape, ahead=True) / 1e3
+    named = shape.named(card.candidates)
+    rank = np.full(len(shape.chance), len(named))  # where an outcome is in the card's order
+    rank[named] = np.arange(len(named))
+    hits = rank[ends] < widths  # each stream's round, against that stream's outcomes ahead
+    ahead = card.ahead_us(shape, each) / 1e3
     commit = card.round_us + card.commit_us * drafting
     clock = card_free = waited = 0.0
     for r in range(rounds):
@@ -154,30 +157,47 @@ def simulate(
         speedup=rate / plain_rate,
         mean_acceptance_length=float((accepted + 1).mean()),
         prefetch_hit_rate=float(hits.mean()),
-        outcomes_ahead=ahead_for,
+        outcomes_ahead=float(widths.mean()),
         streams_used=min(users, capacity),
         waves=card.waves(drafting),
         round_ms=split,
     )
 
 
-def outcomes_ahead(card: CardProfile, shape: DraftShape, streams: int, window_ms: float) -> int:
-    """Outcomes the card drafts the next round ahead for, per stream: none without prefetch
-    (or for a tree on a card that drafts trees when their COMMIT comes); full acceptance alone
-    (``full-acceptance``); or as many of the likeliest as fit, with it, in ``outcome_share`` of
-    the time from its reply to the next COMMITs (``outcomes``), as the firmware plans them
-    (firmware/outcomes.py), at most ``max_outcomes``, among those whose bonus is one of its
-    ``candidates`` alternatives."""
+def outcomes_ahead(
+    card: CardProfile, shape: DraftShape, streams: int, window_ms: float
+) -> list[int]:
+    """Outcomes the card drafts the next round ahead for, for each of ``streams`` streams: none
+    without prefetch (or for a tree on a card that drafts trees when their COMMIT comes); full
+    acceptance alone (``full-acceptance``); or, with it, as many of the likeliest as fit in
+    ``outcome_share`` of the time from its reply to the next COMMITs (``outcomes``), as the
+    firmware plans them (firmware/outcomes.py), at most ``max_outcomes``, among those whose
+    bonus is one of its ``candidates`` alternatives. As rows of one batched drafting, every
+    stream takes as many; in outcome trees of their own (``outcome_pass_us``), the streams'
+    next likeliest outcomes are taken in turn while their passes fit in what drafting ahead
+    for full acceptance leaves, a stream's first paying its passes' fixed part
+    (``plan_outcomes``)."""
     if not card.drafts_ahead(shape):
-        return 0
+        return [0] * streams
     if card.prefetch == "full-acceptance":
-        return 1
+        return [1] * streams
     most = min(card.max_outcomes, len(shape.named(card.candidates)))
     budget = card.outcome_share * window_ms * 1e3
-    m = 1
-    while m < most and card.drafting_us(streams * (m + 1), shape, ahead=True) <= budget:
-        m += 1
-    return m
+    widths = [1] * streams
+    if card.outcome_pass_us is None:
+        m = 1
+        while m < most and card.drafting_us(streams * (m + 1), shape, ahead=True) <= budget:
+            m += 1
+        return [m] * streams
+    left = budget - card.ahead_us(shape, widths)
+    for _ in range(most - 1):
+        for s in range(streams):
+            first = card.outcome_pass_us if widths[s] == 1 else 0.0
+            price = len(shape.steps) * (first + card.outcome_us)
+            if price <= left:
+                left -= price
+                widths[s] += 1
+    return widths
 
 
 SHAPES_TREE = (4, 8, 12, 16, 24, 32, 48, 64)

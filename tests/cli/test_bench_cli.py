@@ -219,6 +219,10 @@ def test_plan_check_rows_are_predicted_against_measured() -> None:
         assert r["pass_drift"] > -1.0  # the passes timed between the runs against before them
         ratio = r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] - 1
         assert abs(r["error"] - ratio) < 1e-3
+        # the run's own passes against the table's: the slowdown the prediction takes, and the
+        # prediction with the profile's in its place
+        assert r["pass_slowdown"] > 0 and r["measured_verify_ms"] > 0
+        assert r["profile_pass_slowdown"] >= 1.0 and r["profile_slowdown_tokens_per_s"] > 0
     # the tree row: a tree of 8 every round, drafted on the spot (the runtime never drafts a
     # tree ahead), its levels at the card's measured cost
     assert tree["shape"] == plan_check.TREE_NAME and tree["k"] == plan_check.TREE.nodes
@@ -228,6 +232,7 @@ def test_plan_check_rows_are_predicted_against_measured() -> None:
     assert tree["measured_round_trip_ms"] > 0 and tree["predicted_round_trip_ms"] > 0
     card = result["profiles"]["small"]["card"]["card"]
     assert card["tree_level_us"] > 0 and card["prefetch_trees"] is False
+    assert card["outcome_pass_us"] > 0 and card["outcome_us"] >= 0  # its outcome trees' passes
     for r in chains:
         assert r["shape"] == f"chain of {r['k']}" and 0 <= r["k"] <= 8
         # hits on drafts made ahead for other outcomes than full acceptance are hits

@@ -285,6 +285,10 @@ def test_rounds_answered_from_outcome_drafts_are_the_drafts_made_without(
     assert short == stats["prefetch_hits"]
     assert any(stats.get(f"prefetch_hits.accepted_{j}", 0) for j in range(k))  # not only full
     assert stats["prefetch_wasted_tokens"] > 0
+    # the card timed its outcome trees' passes: each at least one outcome wide, at most 16
+    passes, width = stats["outcome_passes"], stats["outcome_pass_width"]
+    assert passes > 0 and passes <= width <= 16 * passes and stats["outcome_pass_us"] > 0
+    assert plain_card.stats()["outcome_passes"] == 0
     assert plain_card.stats()["prefetch_hits"] == 0
     card.close()
     plain_card.close()

@@ -69,6 +69,9 @@ def test_card_and_host_metrics_equal_stats_and_the_decoders_counts() -> None:
         assert card_side[("exstill_card_drafting_ahead_seconds_total", on)] == (
             counters["ahead_step_us"] / 1e6
         )
+        assert card_side[("exstill_card_outcome_drafting_seconds_total", on)] == (
+            counters["outcome_pass_us"] / 1e6
+        )
         assert (
             card_side[("exstill_card_errors_total", (*on, ("code", "bad_handle")))]
             == (counters["errors.bad_handle"])

@@ -19,6 +19,22 @@ def test_drafting_ahead_is_a_line_in_the_streams_the_card_timed() -> None:
     assert ahead_line(card, []) == {}  # nothing timed: the miss rates
 
 
+def test_an_outcome_tree_s_pass_is_a_line_in_its_outcomes_the_card_timed() -> None:
+    from exstill_sdk.plan.measure.profile import outcome_line
+
+    card = {"draft_us_per_token": 200.0, "ahead_us_per_token": 240.0}
+    # passes of 1 and 3 outcomes at 500 and 620 us: 440 fixed, 60 an outcome
+    line = outcome_line(card, [(1.0, 500.0), (3.0, 620.0)])
+    assert line == {"outcome_pass_us": 440.0, "outcome_us": 60.0}
+    # one width seen: half of it fixed, as the card runtime's own fit takes it
+    assert outcome_line(card, [(2.0, 600.0), (2.0, 400.0)]) == {
+        "outcome_pass_us": 250.0,
+        "outcome_us": 125.0,
+    }
+    # none timed: the runtime's prior, two steps of drafting ahead and a quarter step each
+    assert outcome_line(card, []) == {"outcome_pass_us": 480.0, "outcome_us": 60.0}
+
+
 def test_host_line_from_runs() -> None:
     assert host_line([(1, 100.0), (3, 140.0)]) == {"us_per_round": 80.0, "us_per_sequence": 20.0}
 
@@ -127,3 +143,43 @@ def test_the_check_s_acceptance_is_counted_over_its_decode_window(tmp_path) -> N
     rounds: list[int] = []
     _, outs = decode_rate(lambda: iter(events), 2, 4, 0.0, rounds)
     assert rounds == [2, 1] and outs == [[1, 2, 3, 7], [4, 5, 6, 8]]
+
+
+def test_the_check_s_slowdown_is_the_run_s_steady_passes_against_the_table(tmp_path) -> None:
+    """A decoder's passes through ``RecordedPasses``: a sequence's first pass (its prompt) is
+    left out, the others are recorded by sequences and tokens; their time over the table's for
+    the same passes (a tree's at ``tree_pass``) is the row's slowdown."""
+    import json
+
+    import pytest
+
+    from exstill_sdk.harness.passes import Pass, RecordedPasses
+    from exstill_sdk.plan import load_target
+    from exstill_sdk.plan.measure.check import in_run_slowdown
+    from tests.helpers import CycleTarget
+
+    recorded = RecordedPasses(CycleTarget())
+    assert recorded.vocab_size == 64 and recorded.supports_trees is False
+    prompt = [1, 2, 3, 4]
+    recorded.verify_batch([(0, prompt, [5, 6]), (1, prompt, [5, 6])])  # both prompts: left out
+    logits = recorded.verify_batch([(0, prompt, [5, 6, 7]), (1, prompt, [5])])
+    assert [len(x) for x in logits] == [4, 2]  # the target's own answer, passed back
+    recorded.verify_batch([(0, prompt, [5]), (2, prompt, [])])  # sequence 2's prompt: left out
+    assert recorded.verify(0, prompt, [5, 6]).shape == (3, 64)
+    assert [(p.sequences, p.tokens, p.tree) for p in recorded.passes] == [
+        (2, 6, False),
+        (1, 3, False),
+    ]
+    doc = {"target": {"name": "t", "tree_pass": 1.5, "pass": {
+        "batch": [1, 1, 2, 2], "tokens": [1, 9, 2, 18], "ms": [1.0, 2.0, 3.0, 5.0]}}}  # fmt: skip
+    path = tmp_path / "target.json"
+    path.write_text(json.dumps(doc))
+    target = load_target(path)
+    passes = [
+        Pass(1, 9, False, 3e-3),  # 2 ms in the table
+        Pass(1, 9, True, 4.5e-3),  # a tree of 8: 2 ms x 1.5
+        Pass(2, 18, False, 1.0),  # another batch size: not this row's
+    ]
+    assert in_run_slowdown(passes, target, 1) == pytest.approx(7.5 / 5.0)
+    assert in_run_slowdown(passes, target, 2) == pytest.approx(1000 / 5.0)
+    assert in_run_slowdown(passes, target, 4) is None

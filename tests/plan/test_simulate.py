@@ -45,6 +45,8 @@ CARD = CardProfile(
     ahead_us_per_token=50.0,
     ahead_stream_us_per_token=0.0,
     target_slowdown=1.0,
+    outcome_pass_us=None,
+    outcome_us=0.0,
     tree_level_us=None,
     tree_us=0.0,
     prefetch_trees=True,
@@ -125,17 +127,23 @@ def test_a_tree_s_pass_costs_tree_pass_times_a_chain_s() -> None:
 
 
 def test_a_card_drafting_beside_the_target_slows_its_passes() -> None:
-    """The emulator shares the CPU with the target: a pass beside its drafting ahead takes
-    ``target_slowdown`` times as long; a plain step, and a pass without prefetch, do not."""
-    ahead = replace(FREE, prefetch="full-acceptance")
-    shared = replace(ahead, target_slowdown=1.25)
-    assert simulate(MEMORY_BOUND, shared, ALWAYS, 1, 4).tokens_per_s == pytest.approx(
-        simulate(MEMORY_BOUND, ahead, ALWAYS, 1, 4).tokens_per_s / 1.25, rel=1e-6
-    )
-    for card, k in ((shared, 0), (replace(shared, prefetch="none"), 4)):
-        assert simulate(MEMORY_BOUND, card, ALWAYS, 1, k).tokens_per_s == pytest.approx(
-            simulate(MEMORY_BOUND, replace(card, target_slowdown=1.0), ALWAYS, 1, k).tokens_per_s
+    """The emulator shares the CPU with the target: a pass of a round it drafts for, ahead
+    beside the pass or just before it (no prefetch), takes ``target_slowdown`` times as long;
+    a plain step (the card idle) does not."""
+    for prefetch in ("full-acceptance", "none"):
+        card = replace(FREE, prefetch=prefetch)
+        shared = replace(card, target_slowdown=1.25)
+        slowed = simulate(MEMORY_BOUND, shared, ALWAYS, 1, 4)
+        assert slowed.tokens_per_s == pytest.approx(
+            simulate(MEMORY_BOUND, card, ALWAYS, 1, 4).tokens_per_s / 1.25, rel=1e-6
         )
+        assert slowed.round_ms.step + slowed.round_ms.verify_extra == pytest.approx(
+            MEMORY_BOUND.verify_ms(1, 5) * 1.25
+        )
+    shared = replace(FREE, target_slowdown=1.25)
+    assert simulate(MEMORY_BOUND, shared, ALWAYS, 1, 0).tokens_per_s == pytest.approx(
+        simulate(MEMORY_BOUND, FREE, ALWAYS, 1, 0).tokens_per_s
+    )
 
 
 def test_drafting_cost_by_streams_and_waves() -> None:
@@ -157,11 +165,11 @@ def test_outcomes_prefetch_hits_the_likeliest_outcomes_that_fit() -> None:
     named = chain.named(4)
     assert list(chain.chance[named]) == pytest.approx([1 / 8, 1 / 2, 1 / 4, 1 / 8])
     card = replace(CARD, prefetch="outcomes")
-    assert outcomes_ahead(card, chain, 1, window_ms=1.0) == 4
-    assert outcomes_ahead(card, chain, 12, window_ms=0.5) == 2  # 300 us of 425
-    assert outcomes_ahead(card, chain, 12, window_ms=0.2) == 1  # full acceptance is always made
-    assert outcomes_ahead(replace(card, max_outcomes=2), chain, 1, window_ms=1.0) == 2
-    assert outcomes_ahead(replace(card, prefetch="none"), chain, 1, window_ms=1.0) == 0
+    assert outcomes_ahead(card, chain, 1, window_ms=1.0) == [4]
+    assert outcomes_ahead(card, chain, 12, window_ms=0.5) == [2] * 12  # 300 us of 425
+    assert outcomes_ahead(card, chain, 12, window_ms=0.2) == [1] * 12  # full acceptance: always
+    assert outcomes_ahead(replace(card, max_outcomes=2), chain, 1, window_ms=1.0) == [2]
+    assert outcomes_ahead(replace(card, prefetch="none"), chain, 1, window_ms=1.0) == [0]
     p = simulate(MEMORY_BOUND, card, acceptance, 1, chain, rounds=20000)
     assert p.outcomes_ahead == 4 and p.prefetch_hit_rate == pytest.approx(1.0)
     full = simulate(MEMORY_BOUND, replace(card, prefetch="full-acceptance"), acceptance, 1, chain)
@@ -186,6 +194,28 @@ def test_the_card_drafts_ahead_only_for_bonuses_among_its_candidates() -> None:
         assert p.prefetch_hit_rate == pytest.approx(hit_rate, abs=0.01)
 
 
+def test_a_card_that_drafts_each_stream_s_other_outcomes_in_a_tree_of_its_own() -> None:
+    """The card runtime's way (``outcome_pass_us``): full acceptance drafted ahead for every
+    stream in one batch (a chain of 2: 3 steps of 50 us), then each stream's other outcomes
+    in a tree of its own, 3 passes of 100 us and 10 us an outcome. In a window of 1 ms (850
+    us to fill, 700 left) four streams' first other outcomes (330 us each) fit for two of
+    them, and the 40 us left a second (30 us) for one; one stream alone takes all three
+    others it can name (330 + 30 + 30 us)."""
+    acceptance = replace(HALF, rank_share=(1.0,))
+    chain = chain_shape(acceptance, 2)
+    card = replace(CARD, prefetch="outcomes", outcome_pass_us=100.0, outcome_us=10.0)
+    assert outcomes_ahead(card, chain, 4, window_ms=1.0) == [3, 2, 1, 1]
+    assert outcomes_ahead(card, chain, 1, window_ms=1.0) == [4]
+    assert card.ahead_us(chain, [3, 2, 1, 1]) == pytest.approx(150 + 3 * (120 + 110))
+    assert card.ahead_us(chain, [1, 0]) == pytest.approx(150)
+    # each stream hits on its own outcomes: full acceptance 1/8, then 1/2, 1/4 and 1/8 more
+    flat = TargetProfile("t", "", None, PassTable(((0, Curve((1.0, 64.0), (1.0, 1.0))),)))
+    p = simulate(flat, card, acceptance, 4, chain, rounds=20000)  # a pass of 1 ms: the window
+    assert p.outcomes_ahead == pytest.approx(7 / 4)
+    expected = (7 / 8 + 5 / 8 + 1 / 8 + 1 / 8) / 4
+    assert p.prefetch_hit_rate == pytest.approx(expected, abs=0.01)
+
+
 def test_tree_rounds_verify_every_node_and_draft_by_depth() -> None:
     """A tree of N nodes verifies N + 1 tokens a sequence and drafts level by level: a level
     of w nodes for s streams is s * w rows, a wave per 12."""
@@ -204,8 +234,8 @@ def test_tree_rounds_verify_every_node_and_draft_by_depth() -> None:
 def test_a_card_that_grows_trees_a_pass_a_level_when_their_commit_comes() -> None:
     """With ``tree_level_us`` and no tree drafted ahead (the card runtime's way): every tree
     round drafts anew, each stream's ``tree_us`` and levels after the first one after another,
-    and the pass is not slowed by drafting beside it; a chain on the same card is still drafted
-    ahead."""
+    and the pass is slowed by the drafting just before it as a chain's is; a chain on the same
+    card is still drafted ahead."""
     acceptance = replace(HALF, rank_share=(0.6, 0.4))
     tree = tree_shape(acceptance, 12)
     card = replace(
@@ -214,7 +244,9 @@ def test_a_card_that_grows_trees_a_pass_a_level_when_their_commit_comes() -> Non
     )  # fmt: skip
     p = simulate(MEMORY_BOUND, card, acceptance, 2, tree, rounds=400)
     assert p.prefetch_hit_rate == 0.0 and p.outcomes_ahead == 0
-    assert p.round_ms.step + p.round_ms.verify_extra == pytest.approx(MEMORY_BOUND.verify_ms(2, 26))
+    assert p.round_ms.step + p.round_ms.verify_extra == pytest.approx(
+        MEMORY_BOUND.verify_ms(2, 26) * 1.5
+    )
     by_hand = 300.0 + CARD.draft_us(2, 1) + 2 * (700.0 + 400.0 * (len(tree.levels) - 1))
     assert p.round_ms.card == pytest.approx(by_hand / 1e3)
     chain = simulate(MEMORY_BOUND, card, acceptance, 2, 4, rounds=400)

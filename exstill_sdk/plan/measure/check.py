@@ -19,7 +19,11 @@ host on the other:
    ``--acceptance``): what is checked is the model of where a round's time goes. The passes
    the prediction reads are timed after every run, and the table holds their median
    (``pass_drift``: how far they moved from the table K was planned with): this shared
-   machine's speed drifts over the minutes a row takes. Acceptance measured at K = 8 does not
+   machine's speed drifts over the minutes a row takes. The run's own passes, recorded as
+   its decoder ran them, give the row's ``target_slowdown`` (``pass_slowdown``): the emulated
+   card drafts through the L3 that holds the small target's weights, and how much that slows
+   a pass moves from run to run; the prediction with the profile's slowdown, the pilot runs',
+   is reported too (``profile_slowdown_tokens_per_s``). Acceptance measured at K = 8 does not
    carry over exactly to a run at K = 2 (after a rejection the next draft starts elsewhere in
    the text), which would move a row by up to 8%; that prediction is reported too
    (``pilot_acceptance_tokens_per_s``).
@@ -62,7 +66,7 @@ from typing import Any
 from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
-from exstill_sdk.harness.passes import pass_seconds
+from exstill_sdk.harness.passes import Pass, RecordedPasses, pass_seconds
 from exstill_sdk.plan import (
     CardProfile,
     Projection,
@@ -73,6 +77,7 @@ from exstill_sdk.plan import (
     plan,
     simulate,
 )
+from exstill_sdk.plan.acceptance import Acceptance
 from exstill_sdk.plan.measure.draft_ranks import demo_draft, draft_top_k
 from exstill_sdk.plan.measure.profile import (
     PASS_TURNS,
@@ -82,7 +87,7 @@ from exstill_sdk.plan.measure.profile import (
     retime,
     write_profiles,
 )
-from exstill_sdk.plan.shapes import tree_shape
+from exstill_sdk.plan.shapes import DraftShape, tree_shape
 from exstill_sdk.speculative.decoder import DEFAULT_TREES, SpeculativeDecoder
 from exstill_sdk.support.prefetch import prefetch_report
 
@@ -120,7 +125,10 @@ def run(
             profiles[name] = measured
             folder = Path(tmp) / name
             write_profiles(folder, measured)
-            bench = _Bench(name, card, target, draft, new_tokens, repeats, min_run_s, folder)
+            bench = _Bench(
+                name, card, target, draft, new_tokens, repeats, min_run_s, folder,
+                RecordedPasses(target),
+            )  # fmt: skip
             if 1 in users:
                 if progress:
                     print(f"{name}: 1 user, {TREE_NAME} ...", file=sys.stderr, flush=True)
@@ -189,6 +197,8 @@ class _Runs:
     texts: list[list[int]]
     rounds: list[int]
     passes: dict[int, list[float]]
+    spec_passes: list[list[Pass]]
+    """Each speculative run's steady passes, as the decoder ran them."""
 
 
 def _alternated(
@@ -197,7 +207,7 @@ def _alternated(
     """Speculative and plain decoding in turns (the order swapping every pair), at least
     ``repeats`` pairs and until each way has run ``min_run_s`` (at most ``MAX_PAIRS``), with
     the passes of every K in ``ks`` timed after each run."""
-    runs = _Runs([], [], [], [], {k: [] for k in ks})
+    runs = _Runs([], [], [], [], {k: [] for k in ks}, [])
     spent = {"spec": 0.0, "plain": 0.0}
     contexts = _half_way(b, batch)
     pairs = 0
@@ -208,8 +218,10 @@ def _alternated(
                 rates, runs.texts = plain_rate(b.target, batch, b.new_tokens)
                 runs.plain.append(rates["decode"])
             else:
+                b.recorded.passes.clear()
                 rates, _ = speculative_rate(decoder, batch, b.new_tokens, runs.rounds)
                 runs.spec.append(rates["decode"])
+                runs.spec_passes.append(list(b.recorded.passes))
             spent[way] += time.perf_counter() - t0
             timed = pass_seconds(b.target, contexts, ks, turns=PASS_TURNS, runs=2, warmup=1)
             for k, v in timed.items():
@@ -231,6 +243,8 @@ class _Bench:
     repeats: int
     min_run_s: float
     folder: Path
+    recorded: RecordedPasses
+    """The target as the rows' decoders run it: their steady passes, recorded."""
 
 
 def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
@@ -238,7 +252,7 @@ def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
 
     def tree_decoder() -> SpeculativeDecoder:
         return SpeculativeDecoder(
-            b.card, b.target, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K, trees=TREE
+            b.card, b.recorded, draft=DRAFT_TARGET, k=PILOT_K, max_k=PILOT_K, trees=TREE
         )
 
     # a short run first: the target's and the card's tree graphs open on their first trees
@@ -248,14 +262,16 @@ def _tree_row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     before = b.card.stats()
     runs = _alternated(b, decoder, batch, [0, TREE.nodes])  # a pass of the tree's tokens
     target_p, drift = _timed_between(b, 1, runs.passes)
+    slowed, ratio = _slowed(target_p, card_p, runs.spec_passes, 1)
     pilot = load_acceptance(b.folder / "run-1-users.json")
     # the tree's alternatives: the draft's first TREE.top_k choices, a share of 0 where the
     # pilot saw no refusal (the card still grows all TREE.nodes nodes)
     shares = (*pilot.rank_share, *(0.0,) * TREE.top_k)[: TREE.top_k - 1]
     acceptance = replace(pilot, rank_share=shares)
     shape = tree_shape(acceptance, TREE.nodes, TREE.depth)
-    predicted = simulate(target_p, card_p, acceptance, 1, shape)
+    predicted = simulate(target_p, slowed, acceptance, 1, shape)
     row = _figures(b, decoder, predicted, runs, before, 1, drift)
+    row.update(_slowdown_figures(target_p, card_p, acceptance, 1, shape, ratio, runs))
     return {**row, "shape": TREE_NAME}
 
 
@@ -266,21 +282,78 @@ def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
     pilot = load_acceptance(b.folder / f"run-{users}-users.json")
     planned, _ = plan(target_p, card_p, pilot, users)
     k = planned.k
-    decoder = SpeculativeDecoder(b.card, b.target, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
+    decoder = SpeculativeDecoder(b.card, b.recorded, draft=DRAFT_TARGET, k=k, max_k=PILOT_K)
     before = b.card.stats()
     runs = _alternated(b, decoder, batch, sorted({0, k}))
     target_p, drift = _timed_between(b, users, runs.passes)
+    slowed, ratio = _slowed(target_p, card_p, runs.spec_passes, users)
     acceptance = pilot  # at K = 0 acceptance plays no part
     if k:
         own = b.folder / f"check-{users}-users.json"  # the run's acceptance, as a JSON has it
         top_k = draft_top_k(b.draft, batch, runs.texts, PILOT_K)
         own.write_text(json.dumps({"metrics": window_counters(runs.rounds, k), "top_k": top_k}))
         acceptance = load_acceptance(own)
-    predicted = simulate(target_p, card_p, acceptance, users, k)
+    predicted = simulate(target_p, slowed, acceptance, users, k)
     row = _figures(b, decoder, predicted, runs, before, users, drift)
-    with_pilot = simulate(target_p, card_p, pilot, users, k)
+    row.update(_slowdown_figures(target_p, card_p, acceptance, users, k, ratio, runs))
+    with_pilot = simulate(target_p, slowed, pilot, users, k)
     row["pilot_acceptance_tokens_per_s"] = round(with_pilot.tokens_per_s, 1)
     return {**row, "shape": f"chain of {k}"}
+
+
+def _slowed(
+    target: TargetProfile, card: CardProfile, runs: list[list[Pass]], users: int
+) -> tuple[CardProfile, float | None]:
+    """The card profile with the row's own ``target_slowdown``, and that slowdown: the median
+    over its speculative runs of each run's ``in_run_slowdown`` (as the row's tokens/s is the
+    median of theirs; one run slowed by a moment's noise moves a mean over all of them). The
+    emulated card drafts through the L3 that holds the small target's weights, ahead beside a
+    pass or a tree just before it, and how much that slows a pass moves from run to run (0.95
+    to 1.5 at one user): the pilot's figure, the profile's, is reported beside it."""
+    ratios = [r for r in (in_run_slowdown(p, target, users) for p in runs) if r is not None]
+    if not ratios:
+        return card, None
+    ratio = statistics.median(ratios)
+    return replace(card, target_slowdown=ratio), ratio
+
+
+def in_run_slowdown(passes: Sequence[Pass], target: TargetProfile, users: int) -> float | None:
+    """How many times as long the steady passes of ``users`` sequences in ``passes`` took as
+    the ``target`` profile's table puts the same passes (a tree's at its ``tree_pass``), timed
+    with the card idle: the sum of the one over the sum of the other (None without any)."""
+    full = [p for p in passes if p.sequences == users]
+    if not full:
+        return None
+    table = sum(
+        target.verify_ms(users, p.tokens) * (target.tree_pass if p.tree else 1.0) for p in full
+    )
+    return sum(p.seconds for p in full) * 1e3 / table
+
+
+def _slowdown_figures(
+    target: TargetProfile,
+    card: CardProfile,
+    acceptance: Acceptance,
+    users: int,
+    shape: DraftShape | int,
+    ratio: float | None,
+    runs: _Runs,
+) -> dict[str, Any]:
+    """The run's passes against the table's (the median over the runs of each run's mean
+    pass), and the prediction with the profile's slowdown (the pilot runs') in place of the
+    run's own."""
+    means = [
+        statistics.mean(p.seconds for p in run if p.sequences == users) * 1e3
+        for run in runs.spec_passes
+        if any(p.sequences == users for p in run)
+    ]
+    profiled = simulate(target, card, acceptance, users, shape)
+    return {
+        "measured_verify_ms": round(statistics.median(means), 4) if means else 0.0,
+        "pass_slowdown": round(ratio, 3) if ratio is not None else None,
+        "profile_pass_slowdown": card.target_slowdown,
+        "profile_slowdown_tokens_per_s": round(profiled.tokens_per_s, 1),
+    }
 
 
 def window_counters(rounds: list[int], k: int) -> dict[str, Any]:
@@ -312,7 +385,6 @@ def _figures(
     measured = statistics.median(runs.spec)
     m = decoder.metrics
     trips = decoder.round_trips
-    passes = m.rounds / users  # a batch round is a pass (every user drafts to the end)
     return {
         "target": b.name,
         "users": users,
@@ -339,9 +411,8 @@ def _figures(
         # streams' opening, which the metrics' card wait also counts, left out)
         "predicted_round_trip_ms": round(predicted.round_ms.card + predicted.round_ms.link, 4),
         "measured_round_trip_ms": round(trips.sum / max(1, trips.count) * 1e3, 4),
-        # the pass and the card's drafting ahead as they ran (prompt passes included)
+        # the pass (slowed as the run's were) and the card's drafting ahead as it ran
         "predicted_verify_ms": round(predicted.round_ms.step + predicted.round_ms.verify_extra, 4),
-        "measured_verify_ms_with_prompt": round(m.verify_s / max(1.0, passes) * 1e3, 4),
         "measured_ahead_step_us": round(ahead[1], 1) if ahead else 0.0,
         # the passes the prediction reads, timed between the runs, against the table the
         # row's K was planned with

@@ -19,6 +19,9 @@ emulated card's drafting and link, and the host's loop (``exstill-bench profile`
 - runs: per user count, a K = 8 run's metrics (the acceptance by position) and the card's
   draft's ``top_k`` along that run's text (draft_ranks.py: how often the draft's second,
   third, ... choice names the target's token, for trees and drafting ahead for other outcomes);
+- the card's drafting ahead for other outcomes than full acceptance, timed by the card in
+  those runs (its stats ``outcome_passes``, ``outcome_pass_us``, ``outcome_pass_width``): a
+  pass of a stream's outcome tree as a line in its outcomes (``outcome_line``);
 - the card's ``target_slowdown``: a pass in those runs, beside the card drafting ahead,
   against the table's pass of as many tokens timed with the card idle (the median over the
   user counts; the emulator shares the CPU's caches and memory with the target).
@@ -145,6 +148,8 @@ def measure(
     card_doc["host"] = host_line([(u, p["host_us"]) for u, p in pilots.items()])
     steps = [p["ahead_step"] for p in pilots.values() if p["ahead_step"]]
     card_doc["card"].update(ahead_line(card_doc["card"], steps))
+    passes = [p["outcome_pass"] for p in pilots.values() if p["outcome_pass"]]
+    card_doc["card"].update(outcome_line(card_doc["card"], passes))
     slowdown = {
         u: p["pass_ms"] / table_ms(target_doc, u, p["pass_tokens"])
         for u, p in pilots.items()
@@ -190,6 +195,7 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
         before = card.stats()
         results = decoder.generate_batch(batch, n, stop_token_ids=[])
         ahead = ahead_step(card, before)
+        outcomes = outcome_pass(card, before)
         passes = max(r.metrics.rounds for r in results)
         m = decoder.metrics
         costs.append((passes, m.host_s, m.verify_s, m.num_draft_tokens + m.rounds))
@@ -202,6 +208,8 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
         "host_us": max(0.0, (h1 - h0) / passes) * 1e6,
         # the card's own timing of its drafting ahead in the long run: (streams, us) a step
         "ahead_step": ahead,
+        # and of its drafting ahead for other outcomes: (outcomes, us) a pass of its trees
+        "outcome_pass": outcomes,
         # a steady pass of the long run, beside the card drafting ahead: its ms and tokens
         "pass_ms": max(0.0, (v1 - v0) / passes) * 1e3 if p1 > p0 else 0.0,
         "pass_tokens": (t1 - t0) / passes,
@@ -218,6 +226,34 @@ def ahead_step(card: Any, before: dict[str, Any]) -> tuple[float, float] | None:
     now = card.stats()
     steps, us, streams = (now.get(key, 0) - before.get(key, 0) for key in AHEAD_STATS)
     return (streams / steps, us / steps) if steps else None
+
+
+OUTCOME_STATS = ("outcome_passes", "outcome_pass_us", "outcome_pass_width")
+"""The card's counters of its drafting ahead for other outcomes (firmware/telemetry.py)."""
+
+
+def outcome_pass(card: Any, before: dict[str, Any]) -> tuple[float, float] | None:
+    """(outcomes, microseconds) of the card's average pass of a stream's outcome tree since
+    its stats were ``before``, as the card timed them; None where it drafted no other outcome."""
+    now = card.stats()
+    passes, us, width = (now.get(key, 0) - before.get(key, 0) for key in OUTCOME_STATS)
+    return (width / passes, us / passes) if passes else None
+
+
+def outcome_line(card: dict[str, Any], passes: list[tuple[float, float]]) -> dict[str, float]:
+    """``outcome_pass_us`` and ``outcome_us``: a pass of a stream's outcome tree as a line in
+    its outcomes, from (outcomes, microseconds) a pass timed by the card in the pilot runs, as
+    the card runtime fits its own (firmware/outcomes.py, ``PassCost``): with one width seen,
+    half of it fixed; with none, the runtime's own prior, a fixed part of two steps of drafting
+    ahead and a quarter of a step an outcome."""
+    if not passes:
+        step = card.get("ahead_us_per_token", card["draft_us_per_token"])
+        return {"outcome_pass_us": round(2 * step, 2), "outcome_us": round(step / 4, 2)}
+    if len({w for w, _ in passes}) < 2:
+        width, us = passes[0][0], statistics.mean(us for _, us in passes)
+        return {"outcome_pass_us": round(us / 2, 2), "outcome_us": round(us / 2 / width, 2)}
+    fixed, each = fit_line(((w, us, 1.0) for w, us in passes), min_slope=0.0)
+    return {"outcome_pass_us": round(max(1.0, fixed), 2), "outcome_us": round(each, 2)}
 
 
 def ahead_line(card: dict[str, Any], steps: list[tuple[float, float]]) -> dict[str, float]:

@@ -31,6 +31,11 @@ def test_an_outcome_tree_s_pass_is_a_line_in_its_outcomes_the_card_timed() -> No
         "outcome_pass_us": 250.0,
         "outcome_us": 125.0,
     }
+    # mean widths less than an outcome apart: one width, their means
+    assert outcome_line(card, [(1.0, 500.0), (1.5, 700.0)]) == {
+        "outcome_pass_us": 300.0,
+        "outcome_us": 240.0,
+    }
     # none timed: the runtime's prior, two steps of drafting ahead and a quarter step each
     assert outcome_line(card, []) == {"outcome_pass_us": 480.0, "outcome_us": 60.0}
 

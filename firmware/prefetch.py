@@ -166,11 +166,12 @@ class Prefetcher:
             passes = _Passes(stop, stream, version, due - fit[0] - fit[1] * len(planned.roots))
             drafts = stream.state.draft_outcomes(branch[: 4 * k], planned.roots, k + 1, passes)
             if passes.started:  # the passes done, timed, whether or not all were
-                self.cost.add(len(planned.roots), passes.seconds_each())
+                each = passes.seconds_each()
+                self.cost.add(len(planned.roots), each)
                 if self.telemetry is not None:
                     t = self.telemetry
                     t.outcome_passes += passes.started
-                    t.outcome_pass_us += int(passes.seconds_each() * passes.started * 1e6)
+                    t.outcome_pass_us += int(each * passes.started * 1e6)
                     t.outcome_pass_width += passes.started * len(planned.roots)
             if drafts is not None and stream.version == version:  # done, or begun
                 stream.outcomes = OutcomeSet(

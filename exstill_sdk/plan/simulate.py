@@ -183,12 +183,12 @@ def outcomes_ahead(
         return [1] * streams
     most = min(card.max_outcomes, len(shape.named(card.candidates)))
     budget = card.outcome_share * window_ms * 1e3
-    widths = [1] * streams
     if card.outcome_pass_us is None:
         m = 1
         while m < most and card.drafting_us(streams * (m + 1), shape, ahead=True) <= budget:
             m += 1
         return [m] * streams
+    widths = [1] * streams
     left = budget - card.ahead_us(shape, widths)
     for _ in range(most - 1):
         for s in range(streams):

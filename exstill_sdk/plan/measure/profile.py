@@ -216,28 +216,34 @@ def pilot(card: Any, target: Any, batch: list[list[int]], new_tokens: int) -> di
     }
 
 
-AHEAD_STATS = ("ahead_steps", "ahead_step_us", "ahead_step_streams")
+AHEAD_STATS: tuple[str, str, str] = ("ahead_steps", "ahead_step_us", "ahead_step_streams")
 """The card's counters of its drafting ahead (firmware/telemetry.py)."""
 
 
 def ahead_step(card: Any, before: dict[str, Any]) -> tuple[float, float] | None:
     """(streams, microseconds) of the card's average step of drafting ahead since its stats
     were ``before``, as the card timed them; None where it drafted nothing ahead."""
+    return _averaged(card, before, AHEAD_STATS)
+
+
+def _averaged(
+    card: Any, before: dict[str, Any], keys: tuple[str, str, str]
+) -> tuple[float, float] | None:
+    """The card's counters ``keys`` (how many, their microseconds, what they drafted) since
+    its stats were ``before``: (drafted, microseconds) each on average; None where none."""
     now = card.stats()
-    steps, us, streams = (now.get(key, 0) - before.get(key, 0) for key in AHEAD_STATS)
-    return (streams / steps, us / steps) if steps else None
+    count, us, drafted = (now.get(key, 0) - before.get(key, 0) for key in keys)
+    return (drafted / count, us / count) if count else None
 
 
-OUTCOME_STATS = ("outcome_passes", "outcome_pass_us", "outcome_pass_width")
+OUTCOME_STATS: tuple[str, str, str] = ("outcome_passes", "outcome_pass_us", "outcome_pass_width")
 """The card's counters of its drafting ahead for other outcomes (firmware/telemetry.py)."""
 
 
 def outcome_pass(card: Any, before: dict[str, Any]) -> tuple[float, float] | None:
     """(outcomes, microseconds) of the card's average pass of a stream's outcome tree since
     its stats were ``before``, as the card timed them; None where it drafted no other outcome."""
-    now = card.stats()
-    passes, us, width = (now.get(key, 0) - before.get(key, 0) for key in OUTCOME_STATS)
-    return (width / passes, us / passes) if passes else None
+    return _averaged(card, before, OUTCOME_STATS)
 
 
 def outcome_line(card: dict[str, Any], passes: list[tuple[float, float]]) -> dict[str, float]:

@@ -131,6 +131,9 @@ class RecordedPasses(TargetAdapter):
         self.target.keep_path(seq_id, tree, nodes)
 
     def release(self, seq_id: int) -> None:
+        """The sequence finished: its index is new again (a new decoder numbers its sequences
+        from 0, and their first passes take in their prompts)."""
+        self._seen.discard(seq_id)
         self.target.release(seq_id)
 
     def _timed(self, verify: Callable[[Any], Any], items: Sequence[tuple[int, Any, Any]]) -> Any:

@@ -253,6 +253,18 @@ class PassTable:
             curves.append((b, Curve(tuple(t for t, _ in points), tuple(y for _, y in points))))
         return cls(tuple(curves))
 
+    def scaled(self, batch: int, factor: float) -> PassTable:
+        """The table with its passes of ``batch`` sequences (a curve it has) ``factor`` times
+        as long."""
+        if batch not in (b for b, _ in self.curves):
+            raise ValueError(f"the pass table has no curve of {batch} sequences to scale")
+        return PassTable(
+            tuple(
+                (b, Curve(c.xs, tuple(y * factor for y in c.ys)) if b == batch else c)
+                for b, c in self.curves
+            )
+        )
+
     def __call__(self, batch: int, tokens: float) -> float:
         curves = self.curves
         if len(curves) == 1:

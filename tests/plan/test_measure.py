@@ -152,8 +152,9 @@ def test_the_check_s_acceptance_is_counted_over_its_decode_window(tmp_path) -> N
 
 def test_the_check_s_slowdown_is_the_run_s_steady_passes_against_the_table(tmp_path) -> None:
     """A decoder's passes through ``RecordedPasses``: a sequence's first pass (its prompt) is
-    left out, the others are recorded by sequences and tokens; their time over the table's for
-    the same passes (a tree's at ``tree_pass``) is the row's slowdown."""
+    left out (a released index's next first pass too), the others are recorded by sequences
+    and tokens; their time over the table's for the same passes (a tree's at ``tree_pass``) is
+    the row's slowdown."""
     import json
 
     import pytest
@@ -171,6 +172,8 @@ def test_the_check_s_slowdown_is_the_run_s_steady_passes_against_the_table(tmp_p
     assert [len(x) for x in logits] == [4, 2]  # the target's own answer, passed back
     recorded.verify_batch([(0, prompt, [5]), (2, prompt, [])])  # sequence 2's prompt: left out
     assert recorded.verify(0, prompt, [5, 6]).shape == (3, 64)
+    recorded.release(0)  # a sequence 0 after it (a new decoder's) opens with its prompt
+    recorded.verify_batch([(0, prompt, [5])])
     assert [(p.sequences, p.tokens, p.tree) for p in recorded.passes] == [
         (2, 6, False),
         (1, 3, False),

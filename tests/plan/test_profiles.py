@@ -143,6 +143,11 @@ ms = [1.0, 1.2, 2.0, 4.0]
     assert t.step_ms(4) == 2.0 and t.step_ms(1) == 1.0
     assert t.verify_ms(2, 4) == pytest.approx(1.2 + (2.0 - 1.2) / 3)
     assert t.verify_ms(8, 16) == 4.0  # beyond the batches measured: the nearest
+    assert t.passes is not None  # one batch's passes as a run ran them: that curve scaled
+    slowed = t.passes.scaled(4, 1.5)
+    assert slowed(4, 16) == 6.0 and slowed(4, 4) == 3.0 and slowed(1, 4) == 1.2
+    with pytest.raises(ValueError, match="no curve of 2 sequences"):
+        t.passes.scaled(2, 1.5)
     bad = text.replace("batch = [1, 1, 4, 4]", "batch = [1, 1, 4]")
     with pytest.raises(ProfileError, match="one value per measured pass"):
         load_target(_write(tmp_path, bad))

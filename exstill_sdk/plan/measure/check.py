@@ -300,7 +300,7 @@ def _row(b: _Bench, batch: list[list[int]]) -> dict[str, Any]:
         own.write_text(json.dumps({"metrics": window_counters(runs.rounds, k), "top_k": top_k}))
         acceptance = load_acceptance(own)
     predicted = simulate(as_ran, slowed, acceptance, users, k)
-    plain = simulate(target_p, slowed, acceptance, users, k).plain_tokens_per_s
+    plain = simulate(target_p, slowed, acceptance, users, 0).plain_tokens_per_s  # the table's
     row = _figures(b, decoder, predicted, runs, before, users, drift, plain)
     row.update(_slowdown_figures(target_p, card_p, acceptance, users, k, ratio, runs))
     with_pilot = simulate(as_ran, slowed, pilot, users, k)

@@ -393,3 +393,42 @@ def test_prefetch_bench_counts_both_ways_exactly() -> None:
         [script("exstill-bench"), "prefetch", "--target", "tiny"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--target: 'tiny' is not small, large" in bad.stderr
+
+
+def test_policy_bench_replays_its_own_records(tmp_path) -> None:
+    """On the small demo target, one held-out prompt and the demo's: each prompt's acceptance
+    record as the card gave it, every fixed K and the adaptive policy replayed over it beside
+    the real decoder's runs; ``--records`` replays that output again to the same figures (the
+    replay is deterministic), and refuses a file that is not one."""
+    args = ["policy", "--target", "small", "--prompts", "1", "--new-tokens", "48", "--json"]
+    out = subprocess.run(
+        [script("exstill-bench"), *args], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    record, replayed = result["record"], result["replayed"]
+    assert len(record["kept"]) == 2 and all(len(text) == 48 for text in record["kept"])
+    assert set("".join(record["kept"])) <= {"0", "1"}
+    assert len(record["costs"]["verify_ms"]) == 17 and record["costs"]["plain_ms"] > 0
+    assert set(record["measured"]) == {"K=4", "K=8", "adaptive"}
+    assert list(replayed["rows"]) == [*(f"K={k}" for k in range(1, 17)), "adaptive"]
+    assert replayed["best_fixed"] in replayed["rows"]
+    for name, by_prompt in replayed["rows"].items():
+        assert len(by_prompt) == 2 and all(s > 0 for s in by_prompt), name
+    saved = tmp_path / "policy.json"
+    saved.write_text(out.stdout)
+    again = subprocess.run(
+        [script("exstill-bench"), "policy", "--records", str(saved), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["replayed"] == replayed
+    (tmp_path / "bad.json").write_text("{}")
+    refused = subprocess.run(
+        [script("exstill-bench"), "policy", "--records", str(tmp_path / "bad.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "--records" in refused.stderr

@@ -15,6 +15,15 @@ from exstill_sdk.bench.decode.trees import DEFAULT_BUDGETS
 from exstill_sdk.cli.support import Subcommands, UsageError, comma_numbers, require_plotting
 
 
+def _demo_target_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        choices=("large", "small"),
+        default="large",
+        help="demo target (default large, built into ~/.cache/exstill on first use)",
+    )
+
+
 def register(sub: Subcommands) -> None:
     sp = sub.add_parser(
         "spec", help="speculative vs plain decoding with the ONNX target; fixed vs adaptive K"
@@ -99,12 +108,7 @@ def register(sub: Subcommands) -> None:
         help="one user on a demo target with the emulated card: chains only against the shape "
         "chosen per round (trees where they pay), beside fixed chains and trees",
     )
-    shapes.add_argument(
-        "--target",
-        choices=("large", "small"),
-        default="large",
-        help="demo target (default large, built into ~/.cache/exstill on first use)",
-    )
+    _demo_target_option(shapes)
     shapes.add_argument(
         "--prompts",
         type=int,
@@ -121,6 +125,23 @@ def register(sub: Subcommands) -> None:
     )
     shapes.add_argument("--json", action="store_true", help="print one JSON object")
     shapes.set_defaults(handler=_shapes)
+    policy = sub.add_parser(
+        "policy",
+        help="K policies replayed on real texts: the adaptive policy against every fixed K, "
+        "from each prompt's acceptance record and the pair's measured round costs",
+    )
+    _demo_target_option(policy)
+    policy.add_argument(
+        "--prompts", type=int, default=3, help="held-out prompts, then the demo's (default 3)"
+    )
+    policy.add_argument("--new-tokens", type=int, default=128, help="tokens a prompt (default 128)")
+    policy.add_argument(
+        "--records",
+        metavar="FILE",
+        help="replay the records and costs of an earlier run's --json output (nothing measured)",
+    )
+    policy.add_argument("--json", action="store_true", help="print one JSON object")
+    policy.set_defaults(handler=_policy)
     pool = sub.add_parser(
         "pool",
         help="users on a pool of emulated demo cards against one card: decode tokens/s, exact "
@@ -302,6 +323,32 @@ def _soak(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.json:
         return result
     print(soak.table(result))
+    return None
+
+
+def _policy(args: argparse.Namespace) -> dict[str, Any] | None:
+    import json
+
+    from exstill_sdk.bench.decode import policy
+
+    if args.records:
+        try:
+            with open(args.records, encoding="utf-8") as f:
+                record = json.load(f)["record"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(
+                f"--records {args.records}: not an `exstill-bench policy --json` output ({exc})"
+            ) from None
+    else:
+        if args.new_tokens < 2 or args.prompts < 0:
+            raise UsageError("--new-tokens wants 2 or more, --prompts 0 or more")
+        record = policy.measure(
+            target=args.target, prompts=args.prompts, new_tokens=args.new_tokens
+        )
+    result = policy.replay_all(record)
+    if args.json:
+        return {"record": record, "replayed": result}
+    print(policy.table(record, result))
     return None
 
 

@@ -21,3 +21,13 @@ def best_of(repeats: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> 
         seconds, out = timed(fn, *args, **kwargs)
         best = min(best, seconds)
     return best, out
+
+
+def against_plain(
+    target: Any, decoder: Any, prompt: list[int], new_tokens: int
+) -> tuple[float, Any]:
+    """The target alone (``target.greedy``) on ``prompt``, then ``decoder`` right after it, so
+    that a slow spell of the machine falls on both: (the speed-up, the decoder's result)."""
+    plain, _ = timed(target.greedy, prompt, new_tokens)
+    spec, result = timed(decoder.generate, prompt, new_tokens, stop_token_ids=[])
+    return plain / spec, result

@@ -146,10 +146,10 @@ def replay(
         out.k_chosen[k] += 1
         card, drafted = 0.0, k
         if k:
-            if not before or burst > 1:  # the card catches up on what it missed, then drafts
+            if not before:  # the card catches up on what it missed, then drafts
                 card, drafted = costs.card_token_s * (k + 1), 0  # not what a draft costs
-            else:
-                card = _card_wait(costs, before, k, accepted, kept[t - 1] if t < n else False)
+            else:  # kept[t - 1]: the draft's own token where the target's bonus token went
+                card = _card_wait(costs, before, k, accepted, kept[t - 1])
             card += costs.card_hit_s
         out.seconds += costs.host_s + card
         out.card_s += card

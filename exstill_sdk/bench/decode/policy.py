@@ -3,7 +3,8 @@ machine's noise (speculative/replay.py).
 
 ``measure`` records, on the demo pair with the emulated card in its own process, each prompt's
 acceptance record (the target's greedy text; where the card's greedy draft proposes each of its
-tokens) and the round's costs: the target's pass by tokens scored; the card drafting a token,
+tokens) and the round's costs: the target's pass by tokens scored (``verify_curve``, the
+median of 5 turns through n = 1..17); the card drafting a token,
 from its drafts of 1 and of 16; the host's share of a round and the card's round trip, from a
 real run at K = 4. It also runs the real decoder on the same prompts at two fixed K and
 adaptively, each against the target alone just before it: how far the replay's cost model is
@@ -18,27 +19,25 @@ single fixed K by the median over prompts (what ``exstill-bench shapes`` calls t
 from __future__ import annotations
 
 import statistics
-import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
+from exstill_sdk.harness.speedup import verify_curve
+from exstill_sdk.harness.timing import against_plain, timed
 from exstill_sdk.speculative.adaptive import AdaptiveK, FixedK, KPolicy
 from exstill_sdk.speculative.replay import RoundCosts, record_kept, replay
 
 MAX_K = 16
 """As ``exstill-bench shapes``: the demo's text often repeats."""
 CHECK_KS = (4, 8)
-PASS_SAMPLES = 7
+SAMPLES = 7
+"""Timed calls whose median ``_median_time`` gives (a greedy run of the target: 3)."""
 
 
-def _median_time(run: Callable[[], object], samples: int = PASS_SAMPLES) -> float:
-    times = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _median_time(run: Callable[[], object], samples: int = SAMPLES) -> float:
+    return statistics.median(timed(run)[0] for _ in range(samples))
 
 
 def _costs(
@@ -47,18 +46,8 @@ def _costs(
     """The pair's round costs, measured (module docstring)."""
     from exstill_sdk.speculative import SpeculativeDecoder
 
-    context = [*prompt, *output[: len(output) // 2]]
-    model.verify(-1, context, [])  # the context's cache, once
-
-    def scored(n: int) -> Callable[[], object]:
-        def run() -> None:
-            model.verify(-1, context, output[len(output) // 2 :][: n - 1])
-            model.rollback(-1, len(context))
-
-        return run
-
-    verify = tuple(_median_time(scored(n)) for n in range(1, MAX_K + 2))
-    model.release(-1)
+    curve = verify_curve(model, [*prompt, *output[: len(output) // 2]], range(1, MAX_K + 2))
+    verify = tuple(curve[str(n)] / 1e6 for n in range(1, MAX_K + 2))
     steps = 32
     prompt_s = _median_time(lambda: model.greedy(prompt, 1), 3)
     plain = _median_time(lambda: model.greedy(prompt, steps + 1), 3) - prompt_s
@@ -133,15 +122,10 @@ def _check(
     out: dict[str, list[float]] = {name: [] for name in ways}
     for prompt, reference in zip(inputs, outputs, strict=True):
         for name, decoder in ways.items():
-            t0 = time.perf_counter()
-            model.greedy(prompt, n)
-            plain = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            result = decoder.generate(prompt, n, stop_token_ids=[])
-            spec = time.perf_counter() - t0
+            speedup, result = against_plain(model, decoder, prompt, n)
             if result.tokens != reference:
                 raise AssertionError(f"{name}: output differs from the target's greedy output")
-            out[name].append(round(plain / spec, 3))
+            out[name].append(round(speedup, 3))
     return out
 
 
@@ -171,7 +155,7 @@ def replay_all(
     costs = costs_of(record)
     texts = [[c == "1" for c in text] for text in record["kept"]]
     ways: dict[str, Callable[[], KPolicy]] = {
-        **{f"K={k}": (lambda k=k: FixedK(k)) for k in range(1, MAX_K + 1)},  # type: ignore[misc]
+        **{f"K={k}": partial(FixedK, k) for k in range(1, MAX_K + 1)},
         **(policies or {"adaptive": lambda: AdaptiveK(MAX_K)}),
     }
     rows: dict[str, list[float]] = {}

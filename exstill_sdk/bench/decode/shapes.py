@@ -20,10 +20,10 @@ them (``bench/decode/users.py``).
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 from exstill_sdk.demo import DRAFT_TARGET, demo_tokenizer
+from exstill_sdk.harness.timing import against_plain
 from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative.decoder import DEFAULT_TREES
 
@@ -91,15 +91,10 @@ def run(
         for _ in range(repeats):
             for i, (prompt, reference) in enumerate(zip(inputs, want, strict=True)):
                 for name, decoder in decoders.items():
-                    t0 = time.perf_counter()
-                    model.greedy(prompt, new_tokens)
-                    plain = time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    result = decoder.generate(prompt, new_tokens, stop_token_ids=[])
-                    spec = time.perf_counter() - t0
+                    speedup, result = against_plain(model, decoder, prompt, new_tokens)
                     exact = exact and result.tokens == reference
-                    speedups[name].append(plain / spec)
-                    per_prompt[name][i].append(plain / spec)
+                    speedups[name].append(speedup)
+                    per_prompt[name][i].append(speedup)
                     accept[name].append(result.metrics.mean_acceptance_length)
                     if name == _name("auto"):
                         chosen = shapes.setdefault(f"prompt {i}", {})

@@ -7,7 +7,7 @@ the target's and the card's, not a sequence's.
 The formula, from measurements:
 
     E[tokens](K) = 1 + sum_{i=1..K} prod_{j=1..i} a_j
-    T(K)         = c + v(K + 1) + d * K
+    T(K)         = c + v(K + 1) + w(K)
     K*           = argmax_{0 <= K <= max_k} E[tokens](K) / T(K)
 
 a_j is the measured probability that drafted position j is accepted given that all before it
@@ -20,12 +20,14 @@ follow each other, and what other texts showed of a position the new one has not
 misleads more than the new one's first rounds. A round's acceptance is told as soon as its
 verdict is known, and after a draft's verdict K* is planned again before the next K is chosen
 (a tree round tells the chain inside it: that keeps the chain's expected rate, which a tree
-must beat, current while trees run); what the round cost comes a round later. d is the
-measured card wait per drafted token (near 0 when prefetch answers at once); c + v(K + 1) is
-the host's and the target's time in a round verifying K + 1 tokens: the moving average of such
-rounds where there were at least two, else c plus a least-squares line through the verify
-averages of the n that were seen (a target's cost is not a line in n: onnxruntime and BLAS
-pick kernels by shape, so what was measured is used as measured).
+must beat, current while trees run); what the round cost comes a round later. w(K) is the
+card's wait for a draft of K: the median of its last 8 waits for K where K was drafted at least
+twice, else a line through those medians (the round trip and the drafting a token; near the
+round trip alone when prefetch answers at once); c + v(K + 1) is the host's and the target's
+time in a round verifying K + 1 tokens: the moving average of such rounds where there were at
+least two, else c plus a least-squares line through the verify averages of the n that were
+seen (a target's cost is not a line in n: onnxruntime and BLAS pick kernels by shape, so what
+was measured is used as measured).
 
 What the formula cannot see, the rounds show. Once steady rounds of a K (following a round at
 the same K, so that the card drafted ahead for it) have been seen whole four times within the
@@ -64,9 +66,11 @@ microseconds, numpy's per-call overhead on arrays of nine numbers would be a vis
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 
-from exstill_sdk.speculative.estimators import MovingAverage, PositionAcceptance, fit_line
+from exstill_sdk.speculative.estimators import Line, MovingAverage, PositionAcceptance, fit_line
 
 PRIOR = 0.8
 PRIOR_WEIGHT = 2.0
@@ -92,6 +96,14 @@ above it give (``PositionAcceptance.rates_given``) as if that were this many dra
 ACCEPTANCE_HALF_LIFE = 256
 """Every this many rounds the acceptance counts are halved, so that a long-lived policy follows
 the text it now drafts for (and, at K = 0, what a probe sees soon counts)."""
+
+
+CARD_WAIT_SAMPLES = 8
+"""The card's wait for a draft of K is the median of the last this many waits for one: one
+stall (a first run of a shape on the emulated card, a busy link) took 37 ms for a draft of one
+token, and the moving average of waits a token that it lifted to 7.6 ms kept the policy at
+K = 0 for good, since rounds of the target alone and probes (catch-ups) never tell it the
+card's drafting again."""
 
 
 PLAIN_BURST = 16
@@ -188,7 +200,12 @@ class AdaptiveK(KPolicy):
         self._done_at = [0] * (max_k + 1)  # per K: the round it was last measured whole
         self._rates = [0.0] * (max_k + 1)  # the last plan's tokens per second, by K
         self._last_k = -1
-        self.draft_per_token = 0.0
+        self._card_waits = [deque[float](maxlen=CARD_WAIT_SAMPLES) for _ in range(max_k + 1)]
+        """Per K: the card's latest waits for a draft of K."""
+        self._card_wait = [0.0] * (max_k + 1)
+        """Per K: the median of ``_card_waits[K]``."""
+        self._card_wait_fn: Callable[[int], float] | None = None
+        """``_card_wait_model``'s function, made again after a new wait."""
         self.other = 0.0
         self.rounds = 0
         self._best = -1
@@ -212,9 +229,13 @@ class AdaptiveK(KPolicy):
         self.rounds += 1
         if self.rounds % ACCEPTANCE_HALF_LIFE == 0:
             self.acceptance.halve()
-        self._verify[k + 1].update(verify_s)
-        self._verify_fn = None
-        self._round[k].update(verify_s + other_s)
+        if k or self._last_k == 0:
+            # (a first round of the target alone shares the machine with the card's drafting
+            # ahead: on the small demo target it took 3 plain steps, and counted it made
+            # drafting look worth it on text where it lost)
+            self._verify[k + 1].update(verify_s)
+            self._verify_fn = None
+            self._round[k].update(verify_s + other_s)
         if not k:
             if self._last_k == 0:  # the card idle since the round before: no draft beside it
                 self._done(0, 1.0, verify_s + other_s)
@@ -224,10 +245,12 @@ class AdaptiveK(KPolicy):
             self._done(k, accepted + 1.0, self._wait[1] + verify_s + other_s)
         self._wait = (next_k, card_wait_s) if next_k else None
         self._last_k = k
-        alpha = 0.2
         if next_k:
-            self.draft_per_token += alpha * (card_wait_s / next_k - self.draft_per_token)
-        self.other += alpha * (other_s - self.other)
+            waits = self._card_waits[next_k]
+            waits.append(card_wait_s)
+            self._card_wait[next_k] = statistics.median(waits)
+            self._card_wait_fn = None
+        self.other += 0.2 * (other_s - self.other)
 
     def observe_acceptance(self, k: int, accepted: int) -> None:
         self._verdicts += 1  # the target alone's rounds too: the text moves on under them
@@ -277,6 +300,23 @@ class AdaptiveK(KPolicy):
             self._verify_fn = lambda n: measured.get(n, max(line(n), 1e-9))
         return self._verify_fn
 
+    def _card_wait_model(self) -> Callable[[int], float]:
+        """Seconds the card takes to answer for a draft of K: the median of its waits for K
+        where there were at least two, else the line through those medians (its intercept the
+        round trip, its slope the drafting a token); a draft of one K seen: in proportion to
+        K. Made once per new wait."""
+        if self._card_wait_fn is None:
+            counts = [len(w) for w in self._card_waits]
+            points = [(k, self._card_wait[k], n) for k, n in enumerate(counts) if n]
+            many = [p for p in points if p[2] >= MIN_SAMPLES] or points
+            if len({k for k, _, _ in many}) > 1:
+                line = fit_line((k, y, float(n)) for k, y, n in many)
+            else:  # one K: nothing tells the round trip from the drafting
+                line = Line(0.0, many[0][1] / many[0][0] if many else 0.0)
+            measured = {k: y for k, y, n in many if n >= MIN_SAMPLES}
+            self._card_wait_fn = lambda k: measured.get(k, max(line(k), 0.0))
+        return self._card_wait_fn
+
     def verify_times(self) -> list[float]:
         """Seconds to verify n = 1 .. max_k + 1 tokens (index n - 1)."""
         verify = self._verify_model()
@@ -307,6 +347,7 @@ class AdaptiveK(KPolicy):
     def _plan(self) -> int:
         """K* over 0..max_k, as the module docstring says."""
         times = self.round_times()
+        card_wait = self._card_wait_model()
         rates = [self._measured_rate(0) or 1.0 / times[0]]
         best, best_rate = 0, rates[0]
         if self._best == 0:  # leaving K = 0 costs the card a catch-up: it must pay clearly
@@ -316,7 +357,7 @@ class AdaptiveK(KPolicy):
         for k, a in enumerate(self.text.rates_given(pooled, TEXT_WEIGHT), 1):
             run *= a
             expected += run
-            model = expected / (times[k] + self.draft_per_token * k)
+            model = expected / (times[k] + card_wait(k))
             rates.append(self._measured_rate(k) or model)
             if rates[k] > best_rate:
                 best, best_rate = k, rates[k]

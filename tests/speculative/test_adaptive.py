@@ -25,10 +25,12 @@ def simulate(
     per_token_ms: float,
     card_ms_per_token: float,
     seed: int = 0,
+    stall_ms: dict[int, float] | None = None,
 ) -> list[int]:
     """The K chosen over ``rounds`` rounds of a target whose verify of n tokens costs
     step_ms + per_token_ms * (n - 1), with a card drafting at card_ms_per_token, each drafted
-    position accepted with probability ``acceptance`` given the ones before it."""
+    position accepted with probability ``acceptance`` given the ones before it; ``stall_ms``:
+    the card's wait in the rounds named instead (a stall)."""
     rng = np.random.default_rng(seed)
     chosen = []
     k = policy.choose(8)
@@ -40,8 +42,10 @@ def simulate(
         verify = (step_ms + per_token_ms * k) * 1e-3 * rng.uniform(0.95, 1.05)
         policy.observe_acceptance(k, accepted)  # as the decoder tells it: before the next K
         next_k = policy.choose(8)
-        wait = card_ms_per_token * next_k * 1e-3
-        policy.observe(k, accepted, verify, 20e-6, next_k, wait)
+        wait = (stall_ms or {}).get(len(chosen) - 1, card_ms_per_token * next_k) * 1e-3
+        # as the decoder tells it: a draft after a round of the target alone came with a
+        # catch-up, which is not what drafting costs
+        policy.observe(k, accepted, verify, 20e-6, next_k if k else 0, wait)
         k = next_k
     return chosen
 
@@ -185,6 +189,36 @@ def test_drafting_resumes_when_it_pays_again() -> None:
     assert policy.choose(8) == 0
     chosen = simulate(policy, 3000, acceptance=0.97, **costs)
     assert np.mean(chosen[-200:]) >= 4
+
+
+def test_one_stall_of_the_card_does_not_stop_drafting() -> None:
+    """A card's one slow answer (37 ms for a draft of one token, seen on the emulated card)
+    costs one round, not the sequence: the card's wait for a draft of K is the median of its
+    latest waits. A moving average of waits a token that it lifted to 7.6 ms put the small
+    demo target at K = 0 for good, as rounds of the target alone never tell it otherwise."""
+    costs = dict(step_ms=0.5, per_token_ms=0.05, card_ms_per_token=0.02)
+    policy = AdaptiveK(8)
+    before = simulate(policy, 200, acceptance=0.9, **costs)
+    assert 0 not in before[100:]
+    policy.start_sequence()  # what rounds at each K gave is forgotten: the model decides
+    after = simulate(policy, 400, acceptance=0.9, seed=1, stall_ms={0: 37.0}, **costs)
+    assert Counter(after[10:])[0] < 0.05 * len(after)  # the moving average: 387 of 390
+
+
+def test_a_first_round_of_the_target_alone_is_not_what_the_target_alone_costs() -> None:
+    """The first round at K = 0 after drafting shares the machine with the card drafting
+    ahead (on the small demo target it took three plain steps): what the target alone costs is
+    read from rounds at K = 0 that follow one."""
+    costs = dict(step_ms=0.5, per_token_ms=0.3, card_ms_per_token=0.15)
+    policy = AdaptiveK(8)
+    simulate(policy, 300, acceptance=0.6, **costs)
+    assert policy.choose(8) == 0
+    alone = policy.round_times()[0]
+    policy.observe(2, 1, 1.0e-3, 20e-6, 0, 0.0)  # a probe's round: the target alone next
+    policy.observe(0, 0, 1.5e-3, 20e-6, 0, 0.0)  # beside the card's drafting ahead
+    assert policy.round_times()[0] == pytest.approx(alone)
+    policy.observe(0, 0, 0.6e-3, 20e-6, 0, 0.0)  # the card quiet: counted
+    assert policy.round_times()[0] > alone
 
 
 def test_bursts_of_plain_rounds_stop_for_the_next_probe() -> None:

@@ -309,7 +309,7 @@ class AdaptiveK(KPolicy):
             counts = [len(w) for w in self._card_waits]
             points = [(k, self._card_wait[k], n) for k, n in enumerate(counts) if n]
             many = [p for p in points if p[2] >= MIN_SAMPLES] or points
-            if len({k for k, _, _ in many}) > 1:
+            if len(many) > 1:  # one point a K
                 line = fit_line((k, y, float(n)) for k, y, n in many)
             else:  # one K: nothing tells the round trip from the drafting
                 line = Line(0.0, many[0][1] / many[0][0] if many else 0.0)

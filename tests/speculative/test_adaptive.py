@@ -109,15 +109,16 @@ def test_a_new_sequence_is_a_new_text() -> None:
 
 def test_a_text_taken_whole_gets_long_drafts_at_once() -> None:
     """After 400 rounds of text the draft mostly misses (K settles short), a sequence whose
-    text the draft takes whole: from the fourth round on the policy drafts the longest chain, as
-    what this text shows outweighs what other texts showed of positions it has not reached."""
+    text the draft takes whole: from the fifth round on the policy drafts the longest chain, as
+    what this text shows outweighs what other texts showed of positions it has not reached
+    (every text's rate weighs as four of this text's drafts; at two: from the fourth round)."""
     costs = dict(step_ms=21.0, per_token_ms=1.6, card_ms_per_token=0.1)
     policy = AdaptiveK(8)
     before = simulate(policy, 400, acceptance=0.5, **costs)
     assert np.mean(before[100:]) <= 4
     policy.start_sequence()
     chosen = simulate(policy, 12, acceptance=1.0, seed=1, **costs)
-    assert min(chosen[3:]) == 8
+    assert min(chosen[4:]) == 8
 
 
 def test_rounds_of_the_target_alone_do_not_replan_every_round() -> None:

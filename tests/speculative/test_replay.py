@@ -23,6 +23,16 @@ COSTS = RoundCosts(
     plain_s=0.031,
 )
 
+LARGE_TARGET = RoundCosts(
+    verify_s=(14.4, 18.6, 20.7, 23.1, 24.7, 25.9, 26.0, 28.6, 27.3, 30.5, 28.0, 35.2, 40.1, 40.3),
+    host_s=0.15,
+    card_hit_s=0.66,
+    card_token_s=0.15,
+    plain_s=15.5,
+    prompt_s=113.0,
+)
+"""The large demo target's costs as ``exstill-bench policy`` measured them (in milliseconds)."""
+
 
 def test_a_record_replays_the_real_decoder_round_for_round() -> None:
     """On the demo pair, what fixed K rounds keep by the record is what the decoder's rounds on
@@ -86,3 +96,15 @@ def test_bad_costs_and_texts_are_refused() -> None:
     with pytest.raises(InvalidArgumentError):
         replay(FixedK(2), [], COSTS, 8)
     assert COSTS.verify(12) == pytest.approx(0.030 + 0.012)  # beyond the table: its line
+
+
+def test_a_text_whose_first_tokens_the_draft_misses_is_still_drafted() -> None:
+    """Four misses at a text's start are the text's first four drafts, not its verdict: with
+    this text's counts worth two drafts against every text's, a policy that had drafted a text
+    it got every other token of went to K = 0 for 120 of the next text's 124 rounds, though
+    the draft takes the rest of it whole."""
+    policy = AdaptiveK(16)
+    replay(policy, [True, False] * 64, LARGE_TARGET, 16)
+    run = replay(policy, [False] * 4 + [True] * 124, LARGE_TARGET, 16)
+    assert run.k_chosen[0] <= 2
+    assert run.speedup(LARGE_TARGET) > 3.0  # K = 16 throughout: 3.5; K = 0 for good: 1.1

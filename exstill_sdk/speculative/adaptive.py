@@ -68,7 +68,8 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from exstill_sdk.speculative.estimators import Line, MovingAverage, PositionAcceptance, fit_line
 
@@ -113,6 +114,15 @@ card's drafting again."""
 
 PLAIN_BURST = 16
 """Most rounds of the target alone the decoder runs between two choices of K."""
+
+
+class ChainRound(NamedTuple):
+    """A steady chain round at some K, as a policy's plan sees it."""
+
+    tokens: float
+    """Tokens it is expected to give in the text at hand."""
+    seconds: float
+    """What it takes: the host's share, the target's pass and the card's answer."""
 
 
 class KPolicy:
@@ -160,6 +170,12 @@ class KPolicy:
         does not know."""
         return None
 
+    def chain_rounds(self) -> Sequence[ChainRound] | None:
+        """Its last plan's steady chain round at each K = 0 .. max_k: the tokens it expects
+        one to give in this text and the seconds one takes; None before a plan (a fixed K
+        makes none)."""
+        return None
+
 
 class FixedK(KPolicy):
     def __init__(self, k: int) -> None:
@@ -204,6 +220,7 @@ class AdaptiveK(KPolicy):
         self._wait: tuple[int, float] | None = None  # the card wait of the next round's draft
         self._done_at = [0] * (max_k + 1)  # per K: the round it was last measured whole
         self._rates = [0.0] * (max_k + 1)  # the last plan's tokens per second, by K
+        self._outlook: list[ChainRound] = []  # the last plan's rounds, by K
         self._last_k = -1
         self._card_waits = [deque[float](maxlen=CARD_WAIT_SAMPLES) for _ in range(max_k + 1)]
         """Per K: the card's latest waits for a draft of K."""
@@ -341,6 +358,14 @@ class AdaptiveK(KPolicy):
             for k in range(self.max_k + 1)
         ]
 
+    def _round_seconds(self) -> list[float]:
+        """A steady round at K = 0 .. max_k: c + v(K + 1) + w(K) (no card at K = 0)."""
+        card_wait = self._card_wait_model()
+        return [t + (card_wait(k) if k else 0.0) for k, t in enumerate(self.round_times())]
+
+    def chain_rounds(self) -> Sequence[ChainRound] | None:
+        return self._outlook if self._best >= 0 and self._outlook else None
+
     def _measured_rate(self, k: int) -> float:
         """Tokens per second that rounds at K really gave, once seen often enough and lately;
         else 0."""
@@ -351,8 +376,8 @@ class AdaptiveK(KPolicy):
 
     def _plan(self) -> int:
         """K* over 0..max_k, as the module docstring says."""
-        times = self.round_times()
-        card_wait = self._card_wait_model()
+        times = self._round_seconds()
+        outlook = [ChainRound(1.0, times[0])]
         rates = [self._measured_rate(0) or 1.0 / times[0]]
         best, best_rate = 0, rates[0]
         if self._best == 0:  # leaving K = 0 costs the card a catch-up: it must pay clearly
@@ -362,11 +387,11 @@ class AdaptiveK(KPolicy):
         for k, a in enumerate(self.text.rates_given(pooled, TEXT_WEIGHT), 1):
             run *= a
             expected += run
-            model = expected / (times[k] + card_wait(k))
-            rates.append(self._measured_rate(k) or model)
+            outlook.append(ChainRound(expected, times[k]))
+            rates.append(self._measured_rate(k) or expected / times[k])
             if rates[k] > best_rate:
                 best, best_rate = k, rates[k]
-        self._rates = rates
+        self._rates, self._outlook = rates, outlook
         return best
 
     def start_sequence(self) -> None:

@@ -111,6 +111,8 @@ class _Sequence:
     """A PREFILL sent without waiting (state BEHIND), whose reply is still to be read."""
     round_tokens: int = 0
     """Tokens the last round emitted."""
+    round_chain_kept: int | None = None
+    """Of the last round, a tree's: the drafted tokens the chain inside it kept."""
     asked: TreeRequest | None = None
     """The tree shape ``draft`` was asked as (the card may answer a tree request with a chain,
     longer than any K); None for a chain's K."""
@@ -408,6 +410,7 @@ class SpeculativeDecoder:
             elif s.draft.parents is not None:  # and the text from the chain inside a tree
                 k, accepted = main_chain_verdict(s.draft.parents, verdict.path)
                 planner.observe_round(s.index, k, accepted, timed=False)
+                s.round_chain_kept = accepted
             yield s, emitted
             if s.finish is None:
                 going.append((s, verdict))
@@ -443,11 +446,12 @@ class SpeculativeDecoder:
         chooser, now = self._trees, time.perf_counter()
         assert chooser is not None
         if self._arm is not None and self._arm[0] == s.index:
-            chooser.observe(self._arm[1], s.round_tokens, now - self._arm[2])
-        self._arm = None
+            chooser.observe(self._arm[1], s.round_tokens, now - self._arm[2], s.round_chain_kept)
+        self._arm, s.round_chain_kept = None, None
         if not k:
             return k
-        arm = chooser.choose(self._policy.expected_rate(), self._policy.verify_seconds)
+        policy = self._policy
+        arm = chooser.choose(policy.expected_rate(), policy.verify_seconds, policy.chain_rounds())
         shape = chooser.arms[arm]
         if shape is not None and not self._tree_fits(s, shape):
             return k

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exstill_sdk.protocol.messages import TreeRequest
+from exstill_sdk.speculative.adaptive import ChainRound
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ def choose_shape(kept: Mapping[Shape, float], steps: Callable[[int], float]) -> 
 
 MAX_BACKOFF = 4
 """A tree that keeps losing is still probed in one sequence of 16."""
+GAIN_PRIOR = 1.3
+"""Tokens a tree round keeps over the chain inside it, before its rounds say: above the 16-21%
+published for trees over chains of as many verified tokens (a tree's inside chain is shorter
+than such a chain), so that a tree is probed wherever it might win."""
+GAIN_PRIOR_TOKENS = 8
+"""What the prior is worth: as many of the inside chain's tokens (two to four rounds)."""
+GAIN_WINDOW = 64
+"""Tree rounds its gain is measured over."""
 
 
 class TreeChooser:
@@ -74,7 +83,15 @@ class TreeChooser:
     load is seen. A tree must beat the chain by ``margin`` to be chosen. ``fixed``: the one
     candidate every round (a benchmark's fixed shape).
 
-    The chain a tree must beat is the steady chain: only chain rounds that follow a chain
+    A tree round also tells what the chain would have kept in its place: the chain inside the
+    tree (each node's first child, as deep as the tree) is the chain the card drafts, so a
+    chain of K would have kept min(its kept tokens, K) + 1 tokens there (``observe(...,
+    chain_kept=...)``). With the seconds of a steady chain round at each K
+    (``choose(chain_rounds=...)``, the K policy's), a tree is judged against the best chain on
+    its own rounds, the same stretch of text: judged against chain rounds run before it, a
+    tree that ran where the text grew easier looked better than the chain it replaced (on the
+    demo prompt it was chosen for 20 rounds and lost 10% there). Without those, the chain a
+    tree must beat is the steady chain: only chain rounds that follow a chain
     round count towards its rate (the first chain round after a tree finds no draft made
     ahead, which says nothing of staying on the chain), and where the K policy expects more
     of the chain at the K it would settle on (``choose(chain_rate=...)``), that counts. With
@@ -105,9 +122,10 @@ class TreeChooser:
         self.warmup = warmup
         self.reprobe = reprobe
         self.margin = margin
-        self._seen: dict[int, deque[tuple[int, float]]] = {
+        self._seen: dict[int, deque[tuple[int, float, int | None]]] = {
             i: deque(maxlen=window) for i in range(len(self.arms))
         }
+        """Per arm: its latest steady rounds' tokens, seconds and (a tree's) chain kept."""
         self._last: dict[int, int] = {}
         self._rounds = 0
         self._chain_kept: deque[int] = deque(maxlen=warmup)
@@ -126,6 +144,11 @@ class TreeChooser:
         self._fastest: dict[int, float] = {}
         """Per tree: the shortest round of it seen, kept across sequences: what a round of it
         costs at the least (its pass, and the card drafting it while the target waits)."""
+        self._gains: dict[int, deque[tuple[int, int]]] = {
+            arm: deque(maxlen=GAIN_WINDOW) for arm in range(1, len(self.arms))
+        }
+        """Per tree: its latest rounds in any sequence, the tokens kept and those the chain
+        inside kept (with the target's token after them)."""
 
     def start(self) -> None:
         """A new sequence: its text decides again whether a tree can win, and by how much."""
@@ -150,8 +173,28 @@ class TreeChooser:
         a run of them gives; a median of each round's own rate would favour the shape whose
         tokens a round vary less, since a round keeps 1 token or many); None before any."""
         seen = self._seen[arm]
-        seconds = sum(s for _, s in seen)
-        return sum(t for t, _ in seen) / seconds if seconds > 0 else None
+        seconds = sum(s for _, s, _ in seen)
+        return sum(t for t, _, _ in seen) / seconds if seconds > 0 else None
+
+    def chain_on_rounds_of(self, arm: int, chain_rounds: Sequence[ChainRound]) -> float | None:
+        """Tokens a second the best chain (K from 0 to the tree's depth) would have given on
+        the tree's latest rounds, from what the chain inside each kept and what a steady chain
+        round takes by K; None before a round that tells it."""
+        kept = [c for _, _, c in self._seen[arm] if c is not None]
+        if not kept:
+            return None
+        ks = range(min(self._depth(arm), len(chain_rounds) - 1) + 1)
+        return max(
+            sum(min(c, k) + 1 for c in kept) / (len(kept) * chain_rounds[k].seconds)
+            for k in ks
+            if chain_rounds[k].seconds > 0
+        )
+
+    def gain(self, arm: int) -> float:
+        """Tokens a round of the tree keeps over those the chain inside it keeps, over its
+        rounds in every sequence so far, joined by ``GAIN_PRIOR``."""
+        tree = sum(t for t, _ in self._gains[arm]) + GAIN_PRIOR * GAIN_PRIOR_TOKENS
+        return tree / (sum(c for _, c in self._gains[arm]) + GAIN_PRIOR_TOKENS)
 
     def _depth(self, arm: int) -> int:
         shape = self.arms[arm]
@@ -159,68 +202,104 @@ class TreeChooser:
         return shape.levels
 
     def _eligible(
-        self, chain_rate: float | None, verify_s: Callable[[int], float | None] | None
+        self,
+        chain_rate: float | None,
+        verify_s: Callable[[int], float | None] | None,
+        chain_rounds: Sequence[ChainRound] | None,
     ) -> list[int]:
-        """The trees that could keep more a round than the sequence's chain rounds did, and
-        could beat the chain's expected rate if they kept their whole depth."""
+        """The trees not resting that could keep more a round than the sequence's chain rounds
+        did, and could beat the chain's expected rate (``could_win``)."""
         kept = sum(self._chain_kept) / len(self._chain_kept)
-        out = []
-        for arm in range(1, len(self.arms)):
-            shape = self.arms[arm]
-            assert shape is not None
-            if shape.levels + 1 <= kept or arm in self._resting:
-                continue
-            if chain_rate:
-                # a pass of the tree alone, or the shortest round of it seen, the longer
-                seconds = max(
-                    (verify_s(shape.nodes + 1) if verify_s else None) or 0.0,
-                    self._fastest.get(arm, 0.0),
-                )
-                if seconds and (shape.levels + 1) / seconds <= chain_rate * self.margin:
-                    continue
-            out.append(arm)
-        return out
+        return [
+            arm
+            for arm in range(1, len(self.arms))
+            if self._depth(arm) + 1 > kept
+            and arm not in self._resting
+            and self.could_win(arm, chain_rate, verify_s, chain_rounds)
+        ]
+
+    def could_win(
+        self,
+        arm: int,
+        chain_rate: float | None,
+        verify_s: Callable[[int], float | None] | None = None,
+        chain_rounds: Sequence[ChainRound] | None = None,
+    ) -> bool:
+        """Whether the tree could beat the chain's expected rate by ``margin``: keeping its
+        whole depth, or (where the policy expects a chain of its depth to keep less) that
+        chain's tokens times the tree's gain, in a pass of it alone or its shortest round seen
+        (the longer); True where the rate or the time is unknown."""
+        shape = self.arms[arm]
+        assert shape is not None
+        seconds = max(
+            (verify_s(shape.nodes + 1) if verify_s else None) or 0.0,
+            self._fastest.get(arm, 0.0),
+        )
+        if not chain_rate or not seconds:
+            return True
+        most = float(shape.levels + 1)
+        if chain_rounds is not None and shape.levels < len(chain_rounds):
+            most = min(most, self.gain(arm) * chain_rounds[shape.levels].tokens)
+        return most / seconds > chain_rate * self.margin
 
     def choose(
         self,
         chain_rate: float | None = None,
         verify_s: Callable[[int], float | None] | None = None,
+        chain_rounds: Sequence[ChainRound] | None = None,
     ) -> int:
         """The arm (index into ``arms``; 0 the chain) of the next round; ``chain_rate``: the
-        tokens a second the K policy expects of the chain at its best K, and ``verify_s``: the
-        seconds a pass of n tokens takes, if the policy knows."""
+        tokens a second the K policy expects of the chain at its best K, ``verify_s``: the
+        seconds a pass of n tokens takes, and ``chain_rounds``: what a steady chain round
+        gives and takes by K, if the policy knows."""
         self._rounds += 1
         if self.fixed:
             return 1
         if len(self._chain_kept) < self.warmup or self._back_to_chain:
             self._back_to_chain = False
             return 0
-        trees = self._eligible(chain_rate, verify_s)
+        trees = self._eligible(chain_rate, verify_s, chain_rounds)
         for arm in trees:
             if len(self._seen[arm]) < self.probe:
                 return arm
         if self._rounds % self.reprobe == 0:
             return min([0, *trees], key=lambda arm: self._last.get(arm, -1))
-        return self.best(trees, chain_rate)
+        return self.best(trees, chain_rate, chain_rounds)
 
-    def best(self, trees: list[int], chain_rate: float | None = None) -> int:
-        rates = {arm: self.rate(arm) or 0.0 for arm in [0, *trees]}
-        rates[0] = max(rates[0], chain_rate or 0.0)
-        tree = max(trees, key=lambda arm: rates[arm], default=0)
-        if tree and rates[tree] > rates[0] * self.margin:
+    def best(
+        self,
+        trees: list[int],
+        chain_rate: float | None = None,
+        chain_rounds: Sequence[ChainRound] | None = None,
+    ) -> int:
+        """The tree with the most tokens a second of those beating by ``margin`` the chain on
+        their own rounds (where ``chain_rounds`` tells a chain round's cost), else the chain's
+        rate; 0 (the chain) where none does."""
+        steady = max(self.rate(0) or 0.0, chain_rate or 0.0)
+        winners = []
+        for arm in trees:
+            rate = self.rate(arm) or 0.0
+            paired = self.chain_on_rounds_of(arm, chain_rounds) if chain_rounds else None
+            if rate > (steady if paired is None else paired) * self.margin:
+                winners.append((rate, arm))
+        if winners:
+            tree = max(winners)[1]
             self._won.add(tree)
             return tree
         return 0
 
-    def observe(self, arm: int, tokens: int, seconds: float) -> None:
+    def observe(self, arm: int, tokens: int, seconds: float, chain_kept: int | None = None) -> None:
         """A round of ``arm`` gave ``tokens`` tokens in ``seconds`` (its pass, its card
-        work and the host's round)."""
+        work and the host's round); ``chain_kept``: of a tree round, the drafted tokens the
+        chain inside the tree kept."""
         if arm:
             self._fastest[arm] = min(seconds, self._fastest.get(arm, seconds))
+            if chain_kept is not None:
+                self._gains[arm].append((tokens, chain_kept + 1))
         steady = arm != 0 or self._prev == 0
         self._prev = arm
         if steady:
-            self._seen[arm].append((tokens, seconds))
+            self._seen[arm].append((tokens, seconds, chain_kept if arm else None))
         self._last[arm] = self._rounds
         if arm == 0:
             self._chain_kept.append(tokens)

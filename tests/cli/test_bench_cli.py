@@ -330,7 +330,13 @@ def test_shapes_bench_runs_every_way_exactly() -> None:
     assert result["best_chain"].startswith("chain")
     for row in result["rows"]:
         assert len(row["speedup_by_prompt"]) == 3 and row["speedup_median"] > 0
+        by_prompt = row["speedup_by_prompt"]
+        assert min(by_prompt) - 0.001 <= row["speedup_geomean"] <= max(by_prompt) + 0.001
         assert 1 <= row["mean_acceptance_length"] <= 17
+    assert result["best_chain_geomean"].startswith("chain")
+    assert result["auto_over_best_chain_geomean"] > 0
+    assert ways[-1] == "chain, adaptive K (again: the run's noise)"
+    assert result["best_chain"] != ways[-1] and result["noise"]["again_over_adaptive"] > 0
     # auto's rounds, by shape: the chain or one of the decoder's candidate trees
     names = {"chain"} | {
         f"tree of {t.nodes} (top-{t.top_k}, depth {t.depth})" for t in DEFAULT_TREES

@@ -15,7 +15,8 @@ from exstill_sdk.adapters.hf import HFTarget  # noqa: E402
 from exstill_sdk.adapters.onnx import OnnxTarget  # noqa: E402
 from exstill_sdk.protocol.messages import TreeRequest  # noqa: E402
 from exstill_sdk.speculative import AdaptiveK, SamplingParams, SpeculativeDecoder  # noqa: E402
-from exstill_sdk.speculative.shapes import TreeChooser  # noqa: E402
+from exstill_sdk.speculative.adaptive import ChainRound  # noqa: E402
+from exstill_sdk.speculative.shapes import GAIN_PRIOR, GAIN_PRIOR_TOKENS, TreeChooser  # noqa: E402
 
 from ..firmware.test_transformer import generate  # noqa: E402
 from .test_exact_greedy import N_NEW, prompts  # noqa: E402
@@ -267,3 +268,54 @@ def test_a_tree_that_keeps_losing_is_probed_in_fewer_sequences() -> None:
     assert sequences(3, {0: 3, 1: 5}) == [False, False, True]
     # having won, it runs in every sequence again
     assert sequences(3, {0: 3, 1: 5}) == [True, True, True]
+
+
+def test_a_tree_is_judged_against_the_chain_on_its_own_rounds() -> None:
+    """The chain's warm-up rounds keep 1 token a second; then the text grows easy and the tree
+    keeps 5 tokens in 2 s, the chain inside it 4 of its drafted tokens. Against the warm-up
+    rounds the tree looks 2.5 times better; a chain of 4, whose steady round takes 1.2 s, would
+    have kept the same 5 tokens there (4.2 a second): the chain runs."""
+    seconds = [1.0, 1.0, 1.05, 1.1, 1.2, 1.3, 1.4]  # of a steady round by K
+    chain_rounds = [ChainRound(1.0 + k, s) for k, s in enumerate(seconds)]
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3, probe=2)
+    feed(chooser, 3, {0: 1})
+    for _ in range(2):  # the probes
+        assert chooser.choose(chain_rounds=chain_rounds) == 1
+        chooser.observe(1, 5, 2.0, chain_kept=4)
+    assert chooser.chain_on_rounds_of(1, chain_rounds) == 5 / 1.2
+    assert chooser.choose() == 1  # without the chain's costs: the warm-up rounds' 1 a second
+    assert chooser.choose(chain_rounds=chain_rounds) == 0
+    # where the chain inside missed at once (it keeps 1 token whatever its K, 1 a second), the
+    # tree's 2.5 a second wins
+    chooser = TreeChooser([TreeRequest(8, 2, 6)], warmup=3, probe=2)
+    feed(chooser, 3, {0: 1})
+    for _ in range(2):
+        assert chooser.choose(chain_rounds=chain_rounds) == 1
+        chooser.observe(1, 5, 2.0, chain_kept=0)
+    assert chooser.chain_on_rounds_of(1, chain_rounds) == 1.0
+    assert chooser.choose(chain_rounds=chain_rounds) == 1
+
+
+def test_a_tree_is_probed_only_where_its_gain_over_its_inside_chain_could_win() -> None:
+    """The policy expects a chain of the tree's depth (6) to keep 2 tokens a round here, and its
+    best chain to give 2.2 tokens a second; a pass of the tree takes 1 s. At the prior gain
+    (1.3: 2.6 tokens a second) the tree might win by the margin (2.42), so it is worth a probe;
+    once its rounds kept no more than the chain inside it, it cannot; where they kept far more,
+    it still can. Keeping its whole depth (7 a second), any tree could."""
+    chain_rounds = [ChainRound(1.0 + k / 6, 1.0) for k in range(7)]  # depth 6: 2 tokens
+
+    def gain_and_chance(tree_kept: int, chain_kept: int) -> tuple[float, bool]:
+        chooser = TreeChooser([TreeRequest(8, 2, 6)])
+        assert chooser.gain(1) == GAIN_PRIOR
+        assert chooser.could_win(1, 2.2, lambda n: 1.0, chain_rounds)
+        assert chooser.could_win(1, 2.2, lambda n: 1.0)  # the policy's outlook unknown
+        for _ in range(2):
+            chooser.observe(1, tree_kept, 1.0, chain_kept=chain_kept)
+        return chooser.gain(1), chooser.could_win(1, 2.2, lambda n: 1.0, chain_rounds)
+
+    gain, chance = gain_and_chance(tree_kept=3, chain_kept=2)  # what its chain kept
+    assert gain == (6 + GAIN_PRIOR * GAIN_PRIOR_TOKENS) / (6 + GAIN_PRIOR_TOKENS)
+    assert not chance
+    gain, chance = gain_and_chance(tree_kept=5, chain_kept=1)  # two tokens more a round
+    assert gain == (10 + GAIN_PRIOR * GAIN_PRIOR_TOKENS) / (4 + GAIN_PRIOR_TOKENS)
+    assert chance

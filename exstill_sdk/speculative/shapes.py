@@ -185,9 +185,12 @@ class TreeChooser:
             return None
         ks = range(min(self._depth(arm), len(chain_rounds) - 1) + 1)
         return max(
-            sum(min(c, k) + 1 for c in kept) / (len(kept) * chain_rounds[k].seconds)
-            for k in ks
-            if chain_rounds[k].seconds > 0
+            (
+                sum(min(c, k) + 1 for c in kept) / (len(kept) * chain_rounds[k].seconds)
+                for k in ks
+                if chain_rounds[k].seconds > 0
+            ),
+            default=None,
         )
 
     def gain(self, arm: int) -> float:

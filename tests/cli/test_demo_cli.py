@@ -22,7 +22,10 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_large_target_by_default_with_what_bounds_the_figure(demo_cache: Path) -> None:
-    out = demo("--max-new-tokens", "48", "--runs", "1", "--json")
+    # K fixed: at adaptive K how much is drafted follows the machine's load (a CI run with the
+    # suite beside it drafted almost nothing: 1.25 tokens a pass), so the draft's quality below
+    # would rest on timing; at K = 4 it is the text's
+    out = demo("--max-new-tokens", "48", "--runs", "1", "--k", "4", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["identical"] is True and result["new_tokens"] == 48
@@ -47,6 +50,7 @@ def test_the_large_target_by_default_with_what_bounds_the_figure(demo_cache: Pat
     speedup = result["speedup"]
     assert speedup["min"] <= speedup["median"] <= speedup["max"]
     assert result["mean_acceptance_length"] > 1.5  # the draft was distilled from this target
+    assert max(map(int, result["k_chosen"])) == 4  # less only where the budget had less room
     # every round drafted a chain of a chosen K or a tree of a chosen shape
     assert sum(result["k_chosen"].values()) + result["tree_rounds"] == result["rounds"]
     trees = sum(n for shape, n in result["shapes_chosen"].items() if shape != "chain")

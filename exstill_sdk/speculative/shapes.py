@@ -232,13 +232,15 @@ class TreeChooser:
         whole depth, or (where the policy expects a chain of its depth to keep less) that
         chain's tokens times the tree's gain, in a pass of it alone or its shortest round seen
         (the longer); True where the rate or the time is unknown."""
+        if not chain_rate:
+            return True
         shape = self.arms[arm]
         assert shape is not None
         seconds = max(
             (verify_s(shape.nodes + 1) if verify_s else None) or 0.0,
             self._fastest.get(arm, 0.0),
         )
-        if not chain_rate or not seconds:
+        if not seconds:
             return True
         most = float(shape.levels + 1)
         if chain_rounds is not None and shape.levels < len(chain_rounds):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+from exstill_sdk.bench.decode.shapes import paired_ratio
+from exstill_sdk.bench.decode.shapes import table as shapes_table
 from exstill_sdk.speculative.decoder import DEFAULT_TREES
 
 from .helpers import script, start_emu
@@ -337,6 +339,9 @@ def test_shapes_bench_runs_every_way_exactly() -> None:
     assert result["auto_over_best_chain_geomean"] > 0
     assert ways[-1] == "chain, adaptive K (again: the run's noise)"
     assert result["best_chain"] != ways[-1] and result["noise"]["again_over_adaptive"] > 0
+    assert result["paired"]["auto_over_best_chain"] > 0
+    assert result["paired"]["again_over_adaptive"] > 0
+    assert "paired (each repeat's decoding rates side by side" in shapes_table(result)
     # auto's rounds, by shape: the chain or one of the decoder's candidate trees
     names = {"chain"} | {
         f"tree of {t.nodes} (top-{t.top_k}, depth {t.depth})" for t in DEFAULT_TREES
@@ -438,3 +443,8 @@ def test_policy_bench_replays_its_own_records(tmp_path) -> None:
         text=True,
     )
     assert refused.returncode == 2 and "--records" in refused.stderr
+
+
+def test_paired_ratio_is_the_geometric_mean_of_each_prompts_median() -> None:
+    # prompt 0: repeats at 2x and 3x (median 2.5x); prompt 1: 1x
+    assert paired_ratio([[2.0, 6.0], [1.0]], [[1.0, 2.0], [1.0]]) == round(2.5**0.5, 3)

@@ -12,8 +12,10 @@ auto way's median over the best chain way's median. The median falls on the midd
 only, so each way's geometric mean over prompts (of each prompt's median) is given too, and
 ``auto_over_best_chain_geomean`` compares by it: every prompt counts, each as much. A
 second decoder of the adaptive chain runs as one more way; what it differs from the first by
-(``noise``) is the run's noise, the floor under which no two ways are told apart. Every
-output is compared with the target's own greedy output.
+(``noise``) is the run's noise, the floor under which no two ways are told apart. ``paired``
+compares two ways without the target-alone runs: each repeat's decoding rates side by side
+(auto over the best chain by geometric mean, the second adaptive decoder over the first),
+the ratio with the least noise. Every output is compared with the target's own greedy output.
 
 ``users_run`` is the users curve with shapes: at each user count the adaptive chain against
 ``trees="auto"`` and each fixed tree (a fixed tree drafts for every sequence of a batch, all
@@ -91,6 +93,7 @@ def run(
                 decoders[_name(way)].generate(prompt, new_tokens, stop_token_ids=[])
         speedups: dict[str, list[float]] = {_name(w): [] for w in ways}
         per_prompt: dict[str, list[list[float]]] = {_name(w): [[] for _ in inputs] for w in ways}
+        rates: dict[str, list[list[float]]] = {_name(w): [[] for _ in inputs] for w in ways}
         shapes: dict[str, dict[str, int]] = {}
         accept: dict[str, list[float]] = {_name(w): [] for w in ways}
         exact = True
@@ -101,6 +104,7 @@ def run(
                     exact = exact and result.tokens == reference
                     speedups[name].append(speedup)
                     per_prompt[name][i].append(speedup)
+                    rates[name][i].append(result.metrics.emitted_tokens / result.metrics.total_s)
                     accept[name].append(result.metrics.mean_acceptance_length)
                     if name == _name("auto"):
                         chosen = shapes.setdefault(f"prompt {i}", {})
@@ -143,7 +147,24 @@ def run(
             "again_over_adaptive": round(medians[again] / medians[adaptive], 3),
             "again_over_adaptive_geomean": round(geomeans[again] / geomeans[adaptive], 3),
         },
+        "paired": {
+            "auto_over_best_chain": paired_ratio(rates[_name("auto")], rates[best_by_geomean]),
+            "again_over_adaptive": paired_ratio(rates[again], rates[adaptive]),
+        },
     }
+
+
+def paired_ratio(way: list[list[float]], other: list[list[float]]) -> float:
+    """One way's decoding rate over another's, each repeat's runs side by side (no target-alone
+    run in between to add its own noise): the geometric mean over prompts of each prompt's
+    median ratio."""
+    return round(
+        statistics.geometric_mean(
+            statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+            for mine, theirs in zip(way, other, strict=True)
+        ),
+        3,
+    )
 
 
 def table(result: dict[str, Any]) -> str:
@@ -171,6 +192,12 @@ def table(result: dict[str, Any]) -> str:
         "the run's noise: the adaptive chain's second decoder over its first "
         f"{noise['again_over_adaptive']:.3f}x by median, "
         f"{noise['again_over_adaptive_geomean']:.3f}x by geometric mean"
+    )
+    paired = result["paired"]
+    lines.append(
+        "paired (each repeat's decoding rates side by side, geometric mean over prompts): auto "
+        f"over {result['best_chain_geomean']} {paired['auto_over_best_chain']:.3f}x; the "
+        f"adaptive chain's second decoder over its first {paired['again_over_adaptive']:.3f}x"
     )
     for prompt, chosen in result["auto_shapes_chosen"].items():
         lines.append(

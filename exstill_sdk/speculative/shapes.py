@@ -145,12 +145,6 @@ class TreeChooser:
         self._fastest: dict[int, float] = {}
         """Per tree: the shortest round of it seen, kept across sequences: what a round of it
         costs at the least (its pass, and the card drafting it while the target waits)."""
-        self._cold: set[int] = set(range(1, len(self.arms)))
-        """The trees not yet drafted: a tree's first round is not timed. The first tree round
-        of a process pays for the target's tree path (``OnnxTarget`` builds its tree session
-        on the first tree it scores: 637 ms against 27 for the next pass, on the large demo
-        target). Timed, that round made the tree look unable to win, and it was never probed
-        again."""
         self._gains: dict[int, deque[tuple[int, int]]] = {
             arm: deque(maxlen=GAIN_WINDOW) for arm in range(1, len(self.arms))
         }
@@ -304,13 +298,15 @@ class TreeChooser:
         """A round of ``arm`` gave ``tokens`` tokens in ``seconds`` (its pass, its card
         work and the host's round); ``chain_kept``: of a tree round, the drafted tokens the
         chain inside the tree kept."""
-        cold = arm in self._cold
-        self._cold.discard(arm)
-        if arm:
-            if not cold:
-                self._fastest[arm] = min(seconds, self._fastest.get(arm, seconds))
-            if chain_kept is not None:
-                self._gains[arm].append((tokens, chain_kept + 1))
+        # A tree's first round is not timed: the first tree round of a process pays for the
+        # target's tree path (``OnnxTarget`` builds its tree session on the first tree it
+        # scores: 637 ms against 27 for the next pass, on the large demo target). Timed, that
+        # round made the tree look unable to win, and it was never probed again.
+        cold = arm != 0 and arm not in self._last
+        if arm and not cold:
+            self._fastest[arm] = min(seconds, self._fastest.get(arm, seconds))
+        if arm and chain_kept is not None:
+            self._gains[arm].append((tokens, chain_kept + 1))
         steady = not cold and (arm != 0 or self._prev == 0)
         self._prev = arm
         if steady:

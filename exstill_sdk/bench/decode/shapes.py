@@ -116,9 +116,7 @@ def run(
             "speedup_median": round(statistics.median(v), 3),
             "speedup_range": [round(min(v), 3), round(max(v), 3)],
             "speedup_by_prompt": [round(statistics.median(p), 3) for p in per_prompt[name]],
-            "speedup_geomean": round(
-                statistics.geometric_mean(statistics.median(p) for p in per_prompt[name]), 3
-            ),
+            "speedup_geomean": _geomean_of_medians(per_prompt[name]),
             "mean_acceptance_length": round(statistics.mean(accept[name]), 2),
         }
         for name, v in speedups.items()
@@ -158,13 +156,17 @@ def paired_ratio(way: list[list[float]], other: list[list[float]]) -> float:
     """One way's decoding rate over another's, each repeat's runs side by side (no target-alone
     run in between to add its own noise): the geometric mean over prompts of each prompt's
     median ratio."""
-    return round(
-        statistics.geometric_mean(
-            statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+    return _geomean_of_medians(
+        [
+            [a / b for a, b in zip(mine, theirs, strict=True)]
             for mine, theirs in zip(way, other, strict=True)
-        ),
-        3,
+        ]
     )
+
+
+def _geomean_of_medians(by_prompt: list[list[float]]) -> float:
+    """The geometric mean over prompts of each prompt's median: every prompt counts as much."""
+    return round(statistics.geometric_mean(statistics.median(p) for p in by_prompt), 3)
 
 
 def table(result: dict[str, Any]) -> str:

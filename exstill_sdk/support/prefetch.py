@@ -6,6 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 BY_LENGTH = "prefetch_hits.accepted_"
+PREFIX = "prefetch_"
+
+
+def prefetch_counts(stats: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """The prefetch counters of ``stats`` less those of ``before``: what one run added, to be
+    summed with other runs' (Counter) and reported with ``prefetch_report``."""
+    return {k: v - before.get(k, 0) for k, v in stats.items() if k.startswith(PREFIX)}
 
 
 def prefetch_report(stats: Mapping[str, int], before: Mapping[str, int] | None = None) -> dict:

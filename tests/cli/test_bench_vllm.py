@@ -57,6 +57,15 @@ def test_smallest_configuration_is_exact_for_every_way() -> None:
         assert abs(a - b) <= 0.1
     assert draft["draft_ms_per_step"] > 0
     assert "mean_acceptance_length" not in ways["alone"]["users"]["1"]
+    # The card's ways report the card's own prefetch counters over their timed runs, and the
+    # card's two counts of hits (in all, and by accepted length) agree.
+    for name in ("card", "card_adaptive_k", "card_model_only"):
+        ahead = ways[name]["users"]["1"]["card_prefetch"]
+        assert ahead["rounds"] >= 1, name
+        assert sum(ahead["hits_by_accepted"].values()) == ahead["hits"], name
+    # Prompt lookup's drafts of a repeat are mostly taken whole: some were drafted ahead.
+    assert ways["card"]["users"]["1"]["card_prefetch"]["hits"] > 0
+    assert not any("card_prefetch" in ways[n]["users"]["1"] for n in ("alone", "ngram_k4"))
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")

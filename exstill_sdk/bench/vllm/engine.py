@@ -9,7 +9,9 @@ the card's round trip) is measured apart from the rest of each step, the target'
 
 Every user count serves the same prompts, U at a time (``serve``), so each load decodes the
 same text: one warm-up on the first U, then ``repeats`` timed runs. vLLM's speculative-decoding
-counters are read before and after each timed run.
+counters are read before and after each timed run, and for the card's ways the card's prefetch
+counters too (STATS over a connection of the bench's own: the card serves one engine at a
+time, so what they add is this run's).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import json
 import os
 import sys
 import time
+from contextlib import ExitStack
 from typing import Any
+
+from exstill_sdk.support.prefetch import prefetch_counts
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -172,17 +177,26 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     prompts, new_tokens = job["prompts"], int(job["new_tokens"])
     rows = []
-    for users in job["users"]:
-        serve(llm, prompts[:users], users, int(job["warm_up_tokens"]))
-        runs = []
-        for _ in range(int(job["repeats"])):
-            before, draft_s, steps = _counters(llm), clock.seconds, clock.steps
-            result = serve(llm, prompts, users, new_tokens)
-            result["counters"] = _delta(_counters(llm), before)
-            result["draft_seconds"] = clock.seconds - draft_s
-            result["steps"] = clock.steps - steps
-            runs.append(result)
-        rows.append({"users": users, "runs": runs})
+    with ExitStack() as stack:
+        card = None
+        if job["method"] == "card":
+            from exstill_sdk.card import open_card
+
+            card = stack.enter_context(open_card(job["card"]))
+        for users in job["users"]:
+            serve(llm, prompts[:users], users, int(job["warm_up_tokens"]))
+            runs = []
+            for _ in range(int(job["repeats"])):
+                before, draft_s, steps = _counters(llm), clock.seconds, clock.steps
+                card_before = card.stats() if card is not None else {}
+                result = serve(llm, prompts, users, new_tokens)
+                result["counters"] = _delta(_counters(llm), before)
+                result["draft_seconds"] = clock.seconds - draft_s
+                result["steps"] = clock.steps - steps
+                if card is not None:
+                    result["card_prefetch"] = prefetch_counts(card.stats(), card_before)
+                runs.append(result)
+            rows.append({"users": users, "runs": runs})
     return {"method": job["method"], "load_s": load_s, "rows": rows}
 
 

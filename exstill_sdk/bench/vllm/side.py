@@ -26,7 +26,9 @@ speed-up over ``alone``, vLLM's mean acceptance length (1 + accepted / drafts) a
 acceptance (accepted at position i / drafts), and a step split as vLLM's model runner spent it:
 drafting (``propose_draft_token_ids``) and the rest, the target's. ``free_draft_tokens_per_s``
 is the way's figure with its drafting time taken out: the bound for that acceptance with a
-draft that costs nothing, which a card approaches.
+draft that costs nothing, which a card approaches. For the card's ways, ``card_prefetch`` is the
+card's prefetch counters over the runs (exstill_sdk.support.prefetch): how many of its replies
+were drafted ahead while vLLM's step ran, and which outcomes those were.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +52,7 @@ from exstill_sdk.errors import ExstillError, InvalidArgumentError
 from exstill_sdk.harness.card_process import emulator_process, split_cores
 from exstill_sdk.harness.demo_setup import user_prompts
 from exstill_sdk.harness.speedup import Spread
+from exstill_sdk.support.prefetch import prefetch_report
 
 VLLM_VERSION = "0.32.0"
 INSTALL_HINT = (
@@ -272,6 +276,9 @@ def _summarise(
                     1,
                 )
             row.update(_acceptance(runs))
+            if any("card_prefetch" in r for r in runs):
+                counts = sum((Counter(r.get("card_prefetch", {})) for r in runs), Counter())
+                row["card_prefetch"] = prefetch_report(counts)
             rows[str(u)] = row
         out[name] = {
             "load_s": round(statistics.median(e["load_s"] for e in engines), 1),
@@ -349,17 +356,20 @@ def table(result: dict[str, Any]) -> str:
         lines += ["", f"{name} target: {target['description']}"]
         lines.append(
             f"{'way':<20} {'users':>5} {'tok/s':>8} {'range':>15} {'speed-up':>8} "
-            f"{'accept':>6} {'target ms':>9} {'draft ms':>8} {'free draft':>10} identical"
+            f"{'accept':>6} {'target ms':>9} {'draft ms':>8} {'free draft':>10} "
+            f"{'card hits':>9} identical"
         )
         for way, figures in target["ways"].items():
             for u, row in figures["users"].items():
                 lo, hi = row["range"]
+                ahead = row.get("card_prefetch")
+                hits = f"{ahead['hit_rate']:.2f}" if ahead else ""
                 lines.append(
                     f"{way:<20} {u:>5} {row['tokens_per_s']:>8.1f} {f'{lo}-{hi}':>15} "
                     f"{row['speedup']:>7.2f}x {row.get('mean_acceptance_length', 1.0):>6.2f} "
                     f"{row['target_ms_per_step']:>9.2f} {row['draft_ms_per_step']:>8.2f} "
                     f"{row.get('free_draft_tokens_per_s', row['tokens_per_s']):>10.1f} "
-                    f"{row['identical']}"
+                    f"{hits:>9} {row['identical']}"
                 )
     lines += ["", "checks: " + json.dumps(result["checks"])]
     return "\n".join(lines)

@@ -101,6 +101,9 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
     onnx, hf = result["onnx_target"], result["hf_target"]
     runs = [onnx["draft_adaptive"], onnx["lookup_adaptive"], *onnx["fixed_k"].values()]
     assert all(r["exact"] for r in runs) and len(onnx["fixed_k"]) == 3
+    # The card's own prefetch counters over each run agree with the hits the host was told of.
+    for r in runs:
+        assert r["card_prefetch"]["hits"] == r["prefetch_hits"] <= r["card_prefetch"]["rounds"]
     users = result["users"]  # the users curve, on the large demo target
     assert users["exact"] and [r["users"] for r in users["rows"]] == [1, 3]
     for row in users["rows"]:
@@ -118,6 +121,8 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
     assert rows[0]["parameters"] < 5e6 < rows[1]["parameters"]
     for row in rows:
         assert row["verify_cost_steps"]["1"] == 1.0 and row["limit"] >= 1.0
+        ahead = row["card_prefetch"]  # its warm-up run too, which the host's count leaves out
+        assert ahead["rounds"] > 0 and ahead["hits"] >= row["prefetch_hits"]
         assert abs(row["efficiency"] - row["speedup"]["median"] / row["limit"]) < 0.01
     assert (demo_cache / "exstill").is_dir()  # built into the cache, not into the package
     assert sorted(p.name for p in tmp_path.iterdir()) == [

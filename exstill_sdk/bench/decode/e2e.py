@@ -30,6 +30,7 @@ from exstill_sdk.demo import (
 from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
 from exstill_sdk.harness.speedup import verify_curve
 from exstill_sdk.harness.timing import timed
+from exstill_sdk.support.prefetch import prefetch_report
 
 KList = tuple[int, ...]
 
@@ -77,10 +78,12 @@ def run(
         def speculate(card: Any, k: int | Literal["adaptive"], draft: str | None) -> dict[str, Any]:
             decoder = SpeculativeDecoder(card, target, draft=draft, k=k, max_k=max(ks))
             seconds, outs = 0.0, []
+            before = card.stats()
             for p in inputs:
                 s, r = timed(decoder.generate, p, new_tokens, stop_token_ids=[])
                 seconds += s
                 outs.append(r.tokens)
+            card_prefetch = prefetch_report(card.stats(), before)
             m = decoder.metrics
             return {
                 "tokens_per_s": round(n_out / seconds, 1),
@@ -89,6 +92,7 @@ def run(
                 "prefetch_hits": m.prefetch_hits,
                 "rounds": m.rounds,
                 "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
+                "card_prefetch": card_prefetch,
                 "exact": outs == reference,
             }
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from exstill_sdk.harness.card_process import emulator_process, pinned, split_cores
 from exstill_sdk.harness.speedup import measure_speedup
+from exstill_sdk.support.prefetch import prefetch_report
 
 DEFAULT_SIZES = ("small", "576", "1408", "2816")
 """The trained 4.2M target and expansions to about 20M, 107M and 404M parameters (hidden 576,
@@ -52,6 +53,7 @@ def run(
             chosen = sized_target(size, progress=progress)
             target = OnnxTarget(chosen.image, positions=POSITIONS, threads=THREADS)
             decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max_k)
+            before = card.stats()
             result = measure_speedup(target, decoder, inputs, new_tokens, runs=runs)
             rows.append(
                 {
@@ -59,6 +61,8 @@ def run(
                     "parameters": chosen.parameters,
                     "weight_mb": round(chosen.image.data_size / 1e6, 1),
                     **result.to_dict(),
+                    # the card's own counters over the size's runs (its warm-up run too)
+                    "card_prefetch": prefetch_report(card.stats(), before),
                 }
             )
             del target, decoder

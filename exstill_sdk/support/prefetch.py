@@ -18,15 +18,15 @@ def prefetch_counts(stats: Mapping[str, int], before: Mapping[str, int]) -> dict
 def prefetch_report(stats: Mapping[str, int], before: Mapping[str, int] | None = None) -> dict:
     """Hits (all, on other outcomes than full acceptance, by accepted length), misses, late
     ones and tokens thrown away, counted since ``before`` (an earlier STATS) when given."""
-    old: Mapping[str, int] = before or {}
+    counts = prefetch_counts(stats, before or {})
 
     def count(key: str) -> int:
-        return stats.get(key, 0) - old.get(key, 0)
+        return counts.get(key, 0)
 
     hits = count("prefetch_hits")
     rounds = hits + count("prefetch_misses") + count("prefetch_late")
     by_length = {
-        key[len(BY_LENGTH) :]: count(key) for key in sorted(stats) if key.startswith(BY_LENGTH)
+        key[len(BY_LENGTH) :]: n for key, n in sorted(counts.items()) if key.startswith(BY_LENGTH)
     }
     out: dict[str, Any] = {
         "rounds": rounds,

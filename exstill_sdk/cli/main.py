@@ -131,7 +131,8 @@ def _report(result: object) -> str:
         "\nwhat bounds it\n"
         f"verify cost   {steps} plain steps to score 1..{MAX_K + 1} tokens in one pass\n"
         f"pair's limit  {run.limit:.2f}x at K={run.limit_k}, what a free, instant draft with "
-        "this acceptance would give\n"
+        f"this acceptance would give at one K ({run.free.oracle:.2f}x choosing each round's K "
+        "knowing its acceptance)\n"
         f"efficiency    {run.efficiency:.2f} of that limit (the rest: card time not hidden, the "
         "host's loop)\n"
         + "".join(f"warning       {w}\n" for w in run.warnings)

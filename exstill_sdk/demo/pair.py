@@ -50,6 +50,16 @@ def emulator_args(draft: Path | None = None) -> list[str]:
     ]  # fmt: skip
 
 
+def draft_model(draft: Path | None = None) -> Any:
+    """A draft image (default: the demo draft) as an OnnxTarget of one sequence: what the
+    emulated card runs, run here to score a text teacher-forced."""
+    from exstill_sdk.adapters.onnx import OnnxTarget
+    from exstill_sdk.image.reader import open_image
+
+    image = open_image(draft or demo_dir() / "draft.img")
+    return OnnxTarget(image, max_sequences=1, positions=POSITIONS, threads=THREADS)
+
+
 def held_out_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
     """The first tokens of held-out stdlib files that exist on this machine."""
     data = demo_dir()

@@ -16,6 +16,7 @@ from exstill_sdk.demo.pair import (
     THREADS,
     demo_dir,
     demo_tokenizer,
+    draft_model,
     emulator_args,
 )
 from exstill_sdk.demo.targets import DemoTarget, demo_target
@@ -232,7 +233,14 @@ def run_demo(
 
         before = card.stats()
         run = measure_speedup(
-            model, decoder, [prompt_ids], budget, runs=runs, on_token=show, on_stage=on_stage
+            model,
+            decoder,
+            [prompt_ids],
+            budget,
+            draft=draft_model(pair.draft),
+            runs=runs,
+            on_token=show,
+            on_stage=on_stage,
         )
         card_prefetch = prefetch_report(card.stats(), before)
     return DemoResult(

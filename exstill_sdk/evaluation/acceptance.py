@@ -110,3 +110,18 @@ def rounds(runs: np.ndarray, k: int, ranks: np.ndarray | None = None) -> Rounds:
         passes += 1
         t += a + 1
     return Rounds(passes, n, reached, accepted, covered)
+
+
+def fastest_decode(runs: np.ndarray, costs: np.ndarray) -> float:
+    """The least cost of decoding the continuation when each pass knew its run beforehand: a
+    pass at t drafts any K' up to ``len(costs) - 1``, keeps min(``runs[t]``, K') + 1 tokens
+    (never past the last one, as ``rounds`` counts) and costs ``costs[K']`` (``costs[0]``: a
+    plain step). The bound on what choosing K per round can reach. Every K' is tried: a
+    measured cost curve need not grow with K, and a fixed K's passes (each charged its K, as
+    the pair's limit charges them) are among the schedules, so no fixed K does better."""
+    n = len(runs)
+    best = np.zeros(n + 1)
+    for t in range(n - 1, -1, -1):
+        run = min(int(runs[t]), n - 1 - t)
+        best[t] = min(costs[k] + best[t + min(run, k) + 1] for k in range(len(costs)))
+    return float(best[0])

@@ -111,6 +111,12 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
         assert row["plain_tokens_per_s"] > 0 and row["adaptive"]["tokens_per_s"] > 0
         assert row["speedup"] == row["adaptive"]["speedup"] > 0 and row["limit"] > 0
         assert row["waves"] == 1 and row["streams_used"] == row["users"]
+        # the card's counters over each way's run: every round a hit, a miss or late
+        for way in (row["adaptive"], *row["fixed_k"].values()):
+            ahead = way["card_prefetch"]
+            assert ahead["hits"] + ahead["misses"] + ahead["late"] == ahead["rounds"]
+            assert ahead["hits"] == way["prefetch_hits"]
+        assert row["fixed_k"]["2"]["card_prefetch"]["rounds"] > 0
     assert all(hf[name]["exact"] for name in ("plain", "hf_assisted", "exstill"))
     # acceptance grows with K (fixed K, one draft model): more tokens per round
     lengths = [onnx["fixed_k"][k]["mean_acceptance_length"] for k in ("1", "2", "3")]
@@ -121,6 +127,9 @@ def test_e2e_bench_json_every_run_is_exact(tmp_path, demo_cache) -> None:
     assert rows[0]["parameters"] < 5e6 < rows[1]["parameters"]
     for row in rows:
         assert row["verify_cost_steps"]["1"] == 1.0 and row["limit"] >= 1.0
+        assert row["oracle_limit"] >= row["limit"] - 0.01
+        taus = list(row["tokens_a_pass_at_k"].values())
+        assert len(taus) == 3 and taus == sorted(taus) and taus[0] >= 1.0
         ahead = row["card_prefetch"]  # its warm-up run too, which the host's count leaves out
         assert ahead["rounds"] > 0 and ahead["hits"] >= row["prefetch_hits"]
         assert abs(row["efficiency"] - row["speedup"]["median"] / row["limit"]) < 0.01

@@ -8,6 +8,8 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from exstill_sdk.cli.main import SEPARATOR
 from exstill_sdk.demo import DEFAULT_PROMPT, demo_dir, demo_tokenizer
 from exstill_sdk.harness.speedup import curve_doubt, limit_doubt
@@ -40,11 +42,17 @@ def test_the_large_target_by_default_with_what_bounds_the_figure(demo_cache: Pat
     steps = result["verify_cost_steps"]
     assert steps["1"] == 1.0 and set(steps) == {str(n) for n in range(1, 10)}
     assert result["limit"] >= 1.0 and 0 <= result["limit_k"] <= 8
+    # the limit is the best K of a free draft keeping what the draft keeps along the text
+    taus = result["tokens_a_pass_at_k"]
+    assert set(taus) == {str(k) for k in range(1, 9)} and all(t >= 1 for t in taus.values())
+    best = max(taus[str(k)] / steps[str(k + 1)] for k in range(1, 9))
+    assert result["limit"] == pytest.approx(max(best, 1.0), abs=0.02)
+    assert result["oracle_limit"] >= result["limit"] - 0.01  # K known a round: at least one K
     assert abs(result["efficiency"] - result["speedup"]["median"] / result["limit"]) < 0.01
     # what cannot be true is said, and only that
     flagged = [
         curve_doubt(result["verify_us"]),
-        limit_doubt(result["speedup"]["median"], result["limit"]),
+        limit_doubt(result["speedup"]["median"], result["oracle_limit"]),
     ]
     assert result["warnings"] == [w for w in flagged if w is not None]
     speedup = result["speedup"]
@@ -119,6 +127,7 @@ def test_the_demo_says_what_is_under_way_and_its_text_does_not_dwell_on_one_line
         "warming up",
         "timing: 1 run of each way, alternating, about ",
         "timing the verify cost",
+        "scoring the target's texts with the draft",
     )
     stages = [line.removeprefix("exstill demo: ") for line in shown]
     assert len(stages) == len(expected), shown

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from exstill_sdk.evaluation.acceptance import (
     COVERAGE_KS,
+    fastest_decode,
     rounds,
     runs_from_chains,
     runs_from_matches,
@@ -106,3 +107,28 @@ def test_target_ranks_count_the_tokens_scored_strictly_higher() -> None:
     logits = np.array([[0.1, 0.9, 0.5, 0.9], [2.0, -1.0, 0.0, 1.0]], np.float32)
     assert list(target_ranks(logits, [1, 1])) == [0, 3]  # a tie above it does not count
     assert list(target_ranks(logits, [0, 3])) == [3, 1]
+
+
+def _cheapest(runs: list[int], costs: list[float], t: int = 0) -> float:
+    """Every schedule of draft lengths tried: the least cost from position t on."""
+    if t >= len(runs):
+        return 0.0
+    run = min(runs[t], len(runs) - 1 - t)
+    return min(costs[k] + _cheapest(runs, costs, t + min(run, k) + 1) for k in range(len(costs)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(st.integers(0, 4), min_size=1, max_size=9),
+    costs=st.lists(st.floats(0.5, 3.0), min_size=4, max_size=4),
+)
+def test_fastest_decode_is_the_cheapest_schedule_and_beats_every_fixed_k(
+    runs: list[int], costs: list[float]
+) -> None:
+    """Costs as a noisy verify curve measures them: not always growing with K. A fixed K's
+    passes are charged that K each, as the pair's limit charges them."""
+    best = fastest_decode(np.array(runs), np.array(costs))
+    assert math.isclose(best, _cheapest(runs, costs), abs_tol=1e-9)
+    for k in range(1, len(costs)):
+        assert best <= rounds(np.array(runs), k).passes * costs[k] + 1e-9
+    assert best <= len(runs) * costs[0] + 1e-9  # plain steps only

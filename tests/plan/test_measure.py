@@ -110,13 +110,13 @@ def test_draft_top_k_along_the_target_s_text_and_the_draft_s_own() -> None:
     """The card's draft run by onnxruntime along a text: its own greedy text is its top-1
     everywhere; the demo target's text is not, and a wider k covers more of it."""
     from exstill_sdk.adapters.onnx import OnnxTarget
-    from exstill_sdk.demo.pair import POSITIONS, demo_dir
+    from exstill_sdk.demo.pair import POSITIONS, demo_dir, draft_model
     from exstill_sdk.harness.demo_setup import user_prompts
     from exstill_sdk.image.reader import open_image
-    from exstill_sdk.plan.measure.draft_ranks import demo_draft, draft_top_k
+    from exstill_sdk.plan.measure.draft_ranks import draft_top_k
 
     prompts = user_prompts(3, 64)
-    draft = demo_draft()
+    draft = draft_model()
     own = [draft.greedy(p, 40) for p in prompts]
     assert draft_top_k(draft, prompts, own, 8) == [1.0] * 8
     target = OnnxTarget(open_image(demo_dir() / "target.img"), max_sequences=3, positions=POSITIONS)

@@ -292,18 +292,46 @@ def test_switching_between_k_zero_and_drafting_stays_exact(
 
 def test_the_pairs_limit_is_the_best_k_over_its_verify_cost() -> None:
     from exstill_sdk.harness.speedup import pair_limit
-    from exstill_sdk.speculative import SpecMetrics
 
-    m = SpecMetrics(max_k=3)
-    m.record_round(3, 3, 4)
-    m.record_round(3, 1, 2)
-    m.record_round(2, 2, 3)  # position 3 is reached by two drafts of three
-    assert m.acceptance_per_position == [1.0, 2 / 3, 0.5]
-    assert m.mean_acceptance_length_at(3) == pytest.approx(1 + 1 + 2 / 3 + 0.5)
     verify = {"1": 10.0, "2": 11.0, "3": 12.0, "4": 20.0}
+    taus = [2.0, 2.0 + 2 / 3, 3.0 + 1 / 6]
     # K=1: 2/1.1 = 1.82; K=2: 2.67/1.2 = 2.22; K=3: 3.17/2.0 = 1.58
-    assert pair_limit(m, verify) == (pytest.approx((1 + 1 + 2 / 3) / 1.2), 2)
-    assert pair_limit(SpecMetrics(max_k=3), verify) == (1.0, 0)  # nothing drafted: no gain
+    assert pair_limit(taus, verify) == (pytest.approx((2 + 2 / 3) / 1.2), 2)
+    assert pair_limit([1.0, 1.0, 1.0], verify) == (1.0, 0)  # nothing kept: no gain
+    assert pair_limit([*taus, 9.0], verify) == (pytest.approx((2 + 2 / 3) / 1.2), 2)  # no cost
+
+
+def test_the_free_draft_keeps_what_a_fixed_k_decode_keeps(
+    small: OnnxTarget, prompt: list[int]
+) -> None:
+    """The pair's limit reads the draft's own acceptance along the target's text: teacher-forced
+    by onnxruntime, it keeps, at each K, exactly the tokens a pass that a fixed-K decode
+    through the card keeps; a decode choosing K per round draws a higher acceptance by
+    position (it drafts far where it trusts the text), which is why the run's is not used."""
+    from exstill_sdk.demo.pair import draft_model, held_out_prompts
+    from exstill_sdk.harness.speedup import FreeDraft
+
+    prompts = [prompt, *held_out_prompts(2, 64)]
+    texts = [small.greedy(p, 96) for p in prompts]
+    verify = {str(n): 100.0 + 10 * n for n in range(1, 10)}  # a pass of n tokens
+    free = FreeDraft.along(draft_model(), prompts, texts, verify, 8)
+    assert len(free.taus) == 8
+    with open_card(emulator_url()) as card:
+        for k in (1, 4, 8):
+            decoder = SpeculativeDecoder(card, small, draft=DRAFT_TARGET, k=k, trees="off")
+            passes = 0
+            for p, text in zip(prompts, texts, strict=True):
+                result = decoder.generate(p, 96, stop_token_ids=[])
+                assert result.tokens == text
+                passes += result.metrics.rounds
+            assert free.taus[k - 1] == pytest.approx(3 * 96 / passes)
+        adaptive = SpeculativeDecoder(card, small, draft=DRAFT_TARGET, trees="off")
+        for p in prompts:
+            adaptive.generate(p, 96, stop_token_ids=[])
+    by_k = [(verify[str(k + 1)] / verify["1"], tau) for k, tau in enumerate(free.taus, 1)]
+    assert free.limit == pytest.approx(max(tau / cost for cost, tau in by_k))
+    assert free.oracle >= free.limit  # each round's K known: at least as good as any one K
+    assert free.taus == tuple(sorted(free.taus))  # a longer chain never keeps less
 
 
 def test_figures_that_cannot_be_true_are_named() -> None:
@@ -316,5 +344,5 @@ def test_figures_that_cannot_be_true_are_named() -> None:
     assert doubt is not None and "2 tokens 0.22, 3 tokens 0.18, 5 tokens 0.21" in doubt
     assert curve_doubt({"1": 1000.0, "2": 950.0, "3": 1200.0}) is None  # noise, not impossible
     said = limit_doubt(2.16, 2.0)
-    assert said is not None and "above the pair's limit 2.00x" in said
+    assert said is not None and "is above 2.00x, what a free draft choosing each round" in said
     assert limit_doubt(2.05, 2.0) is None

@@ -37,11 +37,12 @@ def run(
     from exstill_sdk.adapters.onnx import OnnxTarget
     from exstill_sdk.card import open_card
     from exstill_sdk.demo import DRAFT_TARGET, POSITIONS, THREADS, emulator_args
-    from exstill_sdk.demo.pair import held_out_prompts
+    from exstill_sdk.demo.pair import draft_model, held_out_prompts
     from exstill_sdk.demo.targets import sized_target
     from exstill_sdk.speculative import SpeculativeDecoder
 
     inputs = held_out_prompts(prompts, prompt_tokens)
+    draft = draft_model()
     host_cpu, card_cpu = split_cores()
     rows = []
     with (
@@ -54,7 +55,7 @@ def run(
             target = OnnxTarget(chosen.image, positions=POSITIONS, threads=THREADS)
             decoder = SpeculativeDecoder(card, target, draft=DRAFT_TARGET, max_k=max_k)
             before = card.stats()
-            result = measure_speedup(target, decoder, inputs, new_tokens, runs=runs)
+            result = measure_speedup(target, decoder, inputs, new_tokens, draft=draft, runs=runs)
             rows.append(
                 {
                     "size": size,

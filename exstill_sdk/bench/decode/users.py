@@ -21,7 +21,10 @@ over that time. That is what U concurrent users see in a server that keeps U req
 to first token, and a closed batch's drain, when the last few requests run on alone, is not a
 load of U. Plain batching's steps all run at U. ``whole_run_tokens_per_s`` counts everything,
 prompt and drain included. Each figure is the median over the repeats, speed-ups the median
-of the per-repeat ratios. Every output is compared with the plain batch's (``exact``).
+of the per-repeat ratios. Every output is compared with the plain batch's (``exact``). Each
+way's acceptance and K chosen are its last run's, and so is ``card_prefetch``: the card's own
+prefetch counters over that run (hits by accepted length, on other outcomes, misses, late,
+tokens thrown away).
 
 ``limit`` is what the pair allows at that load: the best over K of the mean acceptance length
 measured at K times the cost of a plain pass of U tokens over a pass of U(K + 1) tokens (the
@@ -41,6 +44,7 @@ from typing import Any, Literal
 from exstill_sdk.demo import DRAFT_TARGET
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target
 from exstill_sdk.harness.passes import pass_seconds
+from exstill_sdk.support.prefetch import prefetch_report
 
 CARD_STREAMS = 12
 WARM_UP_TOKENS = 32
@@ -171,6 +175,7 @@ def _row(
             else:
                 decoder = decoders[way]
                 decoder.metrics = SpecMetrics(max_k=decoder.max_k)  # this run's alone
+                before = decoder.card.stats()
                 rate, outs = speculative_rate(decoder, batch, new_tokens)
                 m = decoder.metrics
                 details[way] = {
@@ -178,6 +183,7 @@ def _row(
                     "k_chosen": {str(k): v for k, v in sorted(m.k_chosen.items())},
                     "prefetch_hits": m.prefetch_hits,
                     "rounds": m.rounds,
+                    "card_prefetch": prefetch_report(decoder.card.stats(), before),
                 }
             rates[way].append(rate)
             if reference is not None and outs != reference:

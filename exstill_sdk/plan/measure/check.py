@@ -68,6 +68,7 @@ from typing import Any
 
 from exstill_sdk.bench.decode.users import plain_rate, speculative_rate
 from exstill_sdk.demo import DRAFT_TARGET
+from exstill_sdk.demo.pair import draft_model
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.harness.passes import Pass, RecordedPasses, pass_seconds
 from exstill_sdk.plan import (
@@ -81,7 +82,7 @@ from exstill_sdk.plan import (
     simulate,
 )
 from exstill_sdk.plan.acceptance import Acceptance
-from exstill_sdk.plan.measure.draft_ranks import demo_draft, draft_top_k
+from exstill_sdk.plan.measure.draft_ranks import draft_top_k
 from exstill_sdk.plan.measure.profile import (
     PASS_TURNS,
     PILOT_K,
@@ -119,7 +120,7 @@ def run(
     profiles: dict[str, Any] = {}
     from exstill_sdk.demo import demo_target
 
-    draft = demo_draft()
+    draft = draft_model()
     with tempfile.TemporaryDirectory() as tmp, demo_card(max(users)) as (card, prompts):
         for name in targets:
             demo = demo_target(name, progress=progress)

@@ -9,18 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from exstill_sdk.demo.pair import POSITIONS, THREADS, demo_dir
 from exstill_sdk.evaluation.acceptance import Rounds, rounds, runs_from_matches
-from exstill_sdk.evaluation.drafters import target_ranks
-
-
-def demo_draft() -> Any:
-    """The demo draft image as an OnnxTarget of one sequence."""
-    from exstill_sdk.adapters.onnx import OnnxTarget
-    from exstill_sdk.image.reader import open_image
-
-    image = open_image(demo_dir() / "draft.img")
-    return OnnxTarget(image, max_sequences=1, positions=POSITIONS, threads=THREADS)
+from exstill_sdk.evaluation.drafters import draft_ranks
 
 
 def draft_top_k(
@@ -32,11 +22,7 @@ def draft_top_k(
     for prompt, text in zip(prompts, texts, strict=True):
         if not text:
             continue
-        try:
-            logits = draft.verify(0, prompt, text[:-1])  # row i scores text[i]
-        finally:
-            draft.release(0)
-        ranks = target_ranks(logits, list(text))
+        ranks = draft_ranks(draft, prompt, text)
         found = rounds(runs_from_matches(ranks == 0, depth), depth, ranks)
         total = found if total is None else total + found
     return [round(share, 4) for share in total.top_k] if total else []

@@ -45,10 +45,11 @@ import numpy as np
 
 from exstill_sdk.bench.decode.users import pass_costs
 from exstill_sdk.demo import DRAFT_TARGET, THREADS
+from exstill_sdk.demo.pair import draft_model
 from exstill_sdk.errors import ExstillError
 from exstill_sdk.harness.demo_setup import demo_card, demo_onnx_target, user_prompts
 from exstill_sdk.harness.passes import tree_pass_seconds
-from exstill_sdk.plan.measure.draft_ranks import demo_draft, draft_top_k
+from exstill_sdk.plan.measure.draft_ranks import draft_top_k
 from exstill_sdk.protocol.drafts import Verdict
 from exstill_sdk.protocol.messages import TreeRequest
 from exstill_sdk.speculative.estimators import Line, fit_line
@@ -102,7 +103,7 @@ def run(
         hf = adapter == "hf"
         target = demo_hf_target(demo.image) if hf else demo_onnx_target(demo.image, users, prompts)
         label = f"demo-{name}-{adapter}"
-        result = measure(card, target, demo_draft(), label, prompts, users, progress=progress)
+        result = measure(card, target, draft_model(), label, prompts, users, progress=progress)
     if out is not None:
         result["files"] = [str(p) for p in write_profiles(Path(out), result)]
     return result
@@ -134,7 +135,7 @@ def measure(
 ) -> dict[str, Any]:
     """Every profile of the pair: ``target`` and ``card`` (with ``host``) as the planner reads
     them, and ``runs``: per user count, the pilot run's metrics (its acceptance) and the
-    ``top_k`` of ``draft`` (the card's draft, ``draft_ranks.demo_draft``) along its text. Passes and
+    ``top_k`` of ``draft`` (the card's draft, ``demo.pair.draft_model``) along its text. Passes and
     drafts are timed at the context a run of ``new_tokens`` has half-way (attention grows with
     it: on the small target it is a good part of a pass)."""
     if progress:

@@ -77,13 +77,6 @@ class SpecMetrics:
             for a, d in zip(self.num_accepted_tokens_per_pos, self.num_drafts_per_pos, strict=True)
         ]
 
-    def mean_acceptance_length_at(self, k: int) -> float | None:
-        """The mean acceptance length a fixed-K run would show, from the acceptance measured
-        at positions 0..k-1; None when some of them were never drafted."""
-        if any(not d for d in self.num_drafts_per_pos[:k]) or k > len(self.num_drafts_per_pos):
-            return None
-        return 1 + sum(self.acceptance_per_position[:k])
-
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
